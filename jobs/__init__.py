@@ -1,0 +1,1 @@
+"""spark-submit-able jobs: ingest, prepare, train, score, evaluate, pipeline."""

@@ -1,0 +1,48 @@
+"""Prepare: split train/holdout, fit the reduction pipeline, write the prepared training table."""
+from __future__ import annotations
+
+import sys
+
+from sparkdeep import delta_io
+from sparkdeep.pipelines import prepare as prep
+
+from ._common import main_for
+
+
+def step(spark, cfg, paths) -> dict:
+    flights = delta_io.read(spark, paths.table("flights"))
+    flights_version = delta_io.version_of(spark, paths.table("flights"))
+    train, holdout = prep.split_train_holdout(flights, cfg.prepare.holdout_fraction, cfg.seed)
+    train_ref = delta_io.write(train, paths.table("train"))
+    holdout_ref = delta_io.write(holdout, paths.table("holdout"))
+    train = delta_io.read(spark, train_ref.path).cache()
+
+    pipeline = prep.build_prepare_pipeline(
+        majority_ratio=cfg.prepare.majority_ratio,
+        selector_top_fraction=cfg.prepare.selector_top_fraction,
+        pca_k=cfg.prepare.pca_k, seed=cfg.seed)
+    model = pipeline.fit(train)
+    model.write().overwrite().save(paths.model("prepare"))
+    prepared = prep.prepared_training_data(model, train)
+    prepared_ref = delta_io.write(prepared.repartition(4), paths.table("train_prepared"))
+    train.unpersist()
+
+    report = prep.prepare_report(model)
+    s = report["sampler"]
+    report.update({
+        "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
+        "rows_holdout": delta_io.read(spark, holdout_ref.path).count(),
+        "tables": {"flights": {"path": paths.table("flights"), "version": flights_version},
+                   "train": train_ref.as_dict(), "holdout": holdout_ref.as_dict(),
+                   "train_prepared": prepared_ref.as_dict()},
+    })
+    print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} after rebalancing; "
+          f"holdout {report['rows_holdout']}; {report.get('selected_features')} features selected; "
+          f"PCA k={report.get('pca_k')} explains {report.get('pca_explained_variance_total')}", flush=True)
+    return report
+
+
+main = main_for("prepare", __doc__, step)
+
+if __name__ == "__main__":
+    sys.exit(main())

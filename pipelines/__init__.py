@@ -1,0 +1,1 @@
+"""Library pipelines: data, reduction, training and evaluation built from stages."""

@@ -1,0 +1,80 @@
+"""The reduction pipeline: rebalance, encode, impute, assemble, select, scale, project.
+
+One MLlib :class:`~pyspark.ml.Pipeline` whose fitted model is the front half of the
+saved scoring pipeline. Fitting it on the training table fits every stage after the
+sampler on the rebalanced sample; the fitted model passes every row through the sampler
+when it scores.
+"""
+from __future__ import annotations
+
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.feature import (PCA, Imputer, OneHotEncoder, StandardScaler, StringIndexer,
+                                UnivariateFeatureSelector, VectorAssembler)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel
+
+from .flights import CATEGORICAL, KEY, LABEL, NUMERIC
+
+WEIGHT = "sample_weight"
+FEATURES = "features"
+
+
+def build_prepare_pipeline(*, majority_ratio: float, selector_top_fraction: float, pca_k: int,
+                           seed: int, categorical=tuple(CATEGORICAL), numeric=tuple(NUMERIC),
+                           label: str = LABEL) -> Pipeline:
+    idx = [f"{c}__idx" for c in categorical]
+    ohe = [f"{c}__ohe" for c in categorical]
+    imp = [f"{c}__imp" for c in numeric]
+    stages = [
+        ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio, seed=seed),
+        # 'keep': unseen categories and nulls get their own index instead of failing scoring.
+        StringIndexer(inputCols=list(categorical), outputCols=idx, handleInvalid="keep",
+                      stringOrderType="frequencyDesc"),
+        OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True),
+        Imputer(inputCols=list(numeric), outputCols=imp, strategy="median"),
+        VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"),
+        UnivariateFeatureSelector(featuresCol="assembled", outputCol="selected", labelCol=label,
+                                  selectionMode="percentile")
+        .setFeatureType("continuous").setLabelType("categorical")
+        .setSelectionThreshold(selector_top_fraction),
+        StandardScaler(inputCol="selected", outputCol="scaled", withMean=True, withStd=True),
+        PCA(k=pca_k, inputCol="scaled", outputCol=FEATURES),
+    ]
+    return Pipeline(stages=stages)
+
+
+def sampler_of(model: PipelineModel) -> ClassBalanceSamplerModel:
+    for stage in model.stages:
+        if isinstance(stage, ClassBalanceSamplerModel):
+            return stage
+    raise ValueError("the prepare pipeline model has no ClassBalanceSamplerModel stage")
+
+
+def prepared_training_data(model: PipelineModel, train: DataFrame) -> DataFrame:
+    """The rebalanced, weighted training sample run through the fitted feature stages."""
+    sampler = sampler_of(model)
+    rest = PipelineModel([s for s in model.stages if s is not sampler])
+    return rest.transform(sampler.sample(train)).select(KEY, FEATURES, LABEL, WEIGHT)
+
+
+def split_train_holdout(flights: DataFrame, holdout_fraction: float, seed: int) -> tuple[DataFrame, DataFrame]:
+    """A deterministic split by a hash of the key: the same rows whatever the partitioning."""
+    u = F.pmod(F.xxhash64(F.lit(seed + 1), F.col(KEY)), F.lit(1 << 30)) / float(1 << 30)
+    return flights.where(u >= holdout_fraction), flights.where(u < holdout_fraction)
+
+
+def prepare_report(model: PipelineModel) -> dict:
+    """What the reduction did: class counts, selected feature count, PCA variance."""
+    from pyspark.ml.feature import PCAModel, UnivariateFeatureSelectorModel
+    out: dict = {"sampler": sampler_of(model).summary}
+    for stage in model.stages:
+        if isinstance(stage, UnivariateFeatureSelectorModel):
+            out["selected_features"] = len(stage.selectedFeatures)
+        if isinstance(stage, PCAModel):
+            ev = [round(float(v), 6) for v in stage.explainedVariance.toArray()]
+            out["pca_k"] = len(ev)
+            out["pca_explained_variance"] = ev
+            out["pca_explained_variance_total"] = round(sum(ev), 6)
+    return out

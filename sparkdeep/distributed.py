@@ -1,0 +1,99 @@
+"""Run a function on N Horovod ranks that Spark launches, with errors that name the rank.
+
+``horovod.spark.run`` turns N Spark tasks into N Horovod processes (Gloo rendezvous on
+the driver). When a rank raises, Horovod only reports that "one or more processes
+exited with non-zero status"; :func:`run_on_ranks` wraps the function so a failing rank
+prints one marker line with its rank and message, captures the ranks' forwarded
+output, and raises :class:`RankFailedError` naming the rank and its error. Horovod ends
+the surviving ranks when one exits, so a failure cannot hang the driver.
+"""
+from __future__ import annotations
+
+import io
+import re
+import sys
+import threading
+import traceback
+from typing import Any, Callable, Sequence
+
+_MARKER = "SPARKDEEP-RANK-FAILED"
+_MARKER_RE = re.compile(_MARKER + r" rank=(\d+) error=(.*)")
+
+
+class RankFailedError(RuntimeError):
+    """A Horovod rank raised; ``rank`` and ``message`` say which and why."""
+
+    def __init__(self, rank: int | None, message: str):
+        self.rank = rank
+        self.message = message
+        who = f"Horovod rank {rank}" if rank is not None else "A Horovod rank"
+        super().__init__(f"{who} failed: {message}")
+
+
+class _Tee(io.TextIOBase):
+    """Forwards rank output to a stream and remembers the failure markers in it."""
+
+    def __init__(self, target):
+        self._target = target
+        self._lock = threading.Lock()
+        self.failures: list[tuple[int, str]] = []
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            for match in _MARKER_RE.finditer(text):
+                self.failures.append((int(match.group(1)), match.group(2).strip()))
+            try:
+                self._target.write(text)
+                self._target.flush()
+            except Exception:  # a closed notebook stream must not kill training
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _rank_entry(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Runs inside each rank process: call ``fn``, announce a failure before dying."""
+    import os
+    rank = os.environ.get("HOROVOD_RANK", "?")
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported, then re-raised
+        message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+        traceback.print_exc(file=sys.stderr)
+        print(f"{_MARKER} rank={rank} error={message}", file=sys.stderr, flush=True)
+        raise
+
+
+def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
+                 num_proc: int, start_timeout: int = 120, env: dict | None = None,
+                 verbose: int = 1, stdout=None, stderr=None) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks; return results by rank.
+
+    ``fn`` must be importable by the ranks (a module-level function of an installed
+    package), since the ranks unpickle it by reference.
+
+    Raises
+    ------
+    RankFailedError
+        A rank raised or exited; the error names the lowest failing rank and its message.
+    """
+    import horovod.spark
+
+    out = _Tee(stdout or sys.stdout)
+    err = _Tee(stderr or sys.stderr)
+    try:
+        return horovod.spark.run(_rank_entry, args=(fn, tuple(args), dict(kwargs or {})),
+                                 num_proc=num_proc, start_timeout=start_timeout,
+                                 use_gloo=True, env=env, verbose=verbose,
+                                 stdout=out, stderr=err)
+    except Exception as exc:
+        failures = sorted(err.failures + out.failures)
+        if failures:
+            rank, message = failures[0]
+            raise RankFailedError(rank, message) from exc
+        match = re.search(r"Process name: (\d+)", str(exc))
+        rank = int(match.group(1)) if match else None
+        raise RankFailedError(rank, str(exc).strip().splitlines()[0] if str(exc).strip()
+                              else type(exc).__name__) from exc

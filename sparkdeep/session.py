@@ -1,0 +1,64 @@
+"""The one place that configures a SparkSession builder.
+
+Only a job's ``main()``, the test fixture and a notebook call :func:`builder` and then
+``getOrCreate()``; library code receives ``spark`` or uses ``df.sparkSession``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+from pyspark.sql import SparkSession
+
+from .config import SparkConfig
+from .jars import delta_coordinate, delta_jars
+
+DELTA_SETTINGS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def builder(conf: SparkConfig | None = None, *, app_name: str | None = None,
+            extra: Mapping[str, str] | None = None) -> SparkSession.Builder:
+    """A SparkSession builder: master and settings from ``conf``, Delta Lake enabled.
+
+    Parameters
+    ----------
+    conf : SparkConfig, optional
+        ``master``, ``app_name`` and ``settings`` (from ``conf/*/spark.yaml``).
+    app_name : str, optional
+        Replaces ``conf.app_name`` (jobs name themselves).
+    extra : mapping, optional
+        Settings applied last (the test fixture points directories at a temp folder).
+
+    Examples
+    --------
+    >>> spark = builder(load_config().spark, app_name="demo").getOrCreate()  # doctest: +SKIP
+    """
+    conf = conf or SparkConfig()
+    # Python workers must be this interpreter (the project venv), also on the executors
+    # of a local cluster; a cluster sets PYSPARK_PYTHON itself.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    b = SparkSession.builder.appName(app_name or conf.app_name)
+    # Under spark-submit the master comes from its command line; do not override it.
+    if not launched_by_spark_submit():
+        b = b.master(conf.master)
+    settings = dict(DELTA_SETTINGS)
+    jars = delta_jars()
+    if jars:
+        settings["spark.jars"] = ",".join(jars)
+    else:  # not fetched yet: let Spark's Ivy resolve (needs Maven Central)
+        settings["spark.jars.packages"] = delta_coordinate()
+    settings.update(conf.settings)
+    settings.update(extra or {})
+    for key, value in settings.items():
+        b = b.config(key, value)
+    return b
+
+
+def launched_by_spark_submit() -> bool:
+    """True when spark-submit started this driver (it hands over a running JVM gateway)."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))

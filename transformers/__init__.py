@@ -1,0 +1,1 @@
+"""MLlib stages: samplers, selectors and the Horovod Keras estimator."""

@@ -1,0 +1,21 @@
+"""Importable Keras model builders for :class:`KerasHorovodEstimator`.
+
+A builder is a plain function ``f(input_dim, **args) -> keras.Model``; the estimator
+names it as ``"module:function"`` so the choice is a JSON param that survives
+persistence and needs nothing pickled.
+"""
+from __future__ import annotations
+
+
+def mlp_binary_classifier(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1):
+    """A ReLU MLP ending in one sigmoid unit: P(label = 1)."""
+    import keras
+
+    inputs = keras.Input(shape=(int(input_dim),), name="features")
+    x = inputs
+    for i, units in enumerate(hidden_units):
+        x = keras.layers.Dense(int(units), activation="relu", name=f"dense_{i}")(x)
+        if dropout:
+            x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
+    outputs = keras.layers.Dense(1, activation="sigmoid", name="probability")(x)
+    return keras.Model(inputs, outputs, name="mlp_binary_classifier")
