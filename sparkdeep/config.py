@@ -100,8 +100,19 @@ def _merge(base: dict, over: Mapping, origins: dict, source: str, prefix: str = 
                 base[key][k] = v
                 origins[f"{dotted}.{k}"] = source
         else:
-            base[key] = dict(value) if isinstance(value, Mapping) else value
-            origins[dotted] = source
+            base[key] = _plain(value)
+            _record(origins, dotted, value, source)
+
+
+def _plain(value: Any) -> Any:
+    return {k: _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
+
+
+def _record(origins: dict, dotted: str, value: Any, source: str) -> None:
+    origins[dotted] = source
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _record(origins, f"{dotted}.{k}", v, source)
 
 
 def _read_dir(folder: Path, tree: dict, origins: dict, required: bool) -> None:

@@ -66,6 +66,19 @@ def _rank_entry(fn: Callable, args: tuple, kwargs: dict) -> Any:
         raise
 
 
+# Errors a rank raises only because another rank left the ring first.
+_COLLATERAL = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcast",
+               "HorovodAllgather", "Gloo", "gloo", "connection closed by peer")
+
+
+def _root_cause(failures: list[tuple[int, str]]) -> tuple[int, str]:
+    """The first failure, in arrival order, that is not a consequence of another."""
+    for rank, message in failures:
+        if not any(marker in message for marker in _COLLATERAL):
+            return rank, message
+    return failures[0]
+
+
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, start_timeout: int = 120, env: dict | None = None,
                  verbose: int = 1, stdout=None, stderr=None) -> list:
@@ -89,9 +102,12 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                                  use_gloo=True, env=env, verbose=verbose,
                                  stdout=out, stderr=err)
     except Exception as exc:
-        failures = sorted(err.failures + out.failures)
+        failures = err.failures + out.failures
         if failures:
-            rank, message = failures[0]
+            rank, message = _root_cause(failures)
+            others = sorted({r for r, _ in failures if r != rank})
+            if others:
+                message += f" (then rank(s) {', '.join(map(str, others))} stopped too)"
             raise RankFailedError(rank, message) from exc
         match = re.search(r"Process name: (\d+)", str(exc))
         rank = int(match.group(1)) if match else None

@@ -53,6 +53,15 @@ KERAS_FILE = "model/model.keras"
 class _KerasScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
     """Columns the fitted model reads and writes."""
 
+    def setFeaturesCol(self, value: str):
+        return self._set(featuresCol=value)
+
+    def setPredictionCol(self, value: str):
+        return self._set(predictionCol=value)
+
+    def setProbabilityCol(self, value: str):
+        return self._set(probabilityCol=value)
+
     def _check_features(self, schema: T.StructType) -> None:
         col = self.getFeaturesCol()
         if col not in schema.fieldNames():
@@ -120,6 +129,15 @@ class _HorovodRunParams(Params):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="")
+
+    def setNumProc(self, value: int):
+        return self._set(numProc=value)
+
+    def setEpochs(self, value: int):
+        return self._set(epochs=value)
+
+    def setBatchSize(self, value: int):
+        return self._set(batchSize=value)
 
     def getNumProc(self) -> int:
         return self.getOrDefault(self.numProc)

@@ -1,0 +1,49 @@
+import sys
+import time
+
+import cloudpickle
+import pytest
+
+from sparkdeep.distributed import RankFailedError, run_on_ranks
+
+# Ranks unpickle the function; this test module is not installed, so ship it by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def allreduce_rank_ids():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total)}
+
+
+def fail_on_rank_one():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("shard 7 is corrupt")
+    # Rank 0 blocks in a collective that rank 1 never joins: must not hang the driver.
+    hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
+    return "unreachable"
+
+
+@pytest.mark.slow
+def test_two_ranks_all_reduce_and_return_by_rank(spark):
+    results = run_on_ranks(allreduce_rank_ids, num_proc=2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 and r["sum"] == 3.0 for r in results)
+
+
+@pytest.mark.slow
+def test_exception_in_one_rank_names_the_rank_without_hanging(spark):
+    t0 = time.time()
+    with pytest.raises(RankFailedError) as err:
+        run_on_ranks(fail_on_rank_one, num_proc=2)
+    assert err.value.rank == 1
+    assert "ValueError: shard 7 is corrupt" in str(err.value)
+    assert "rank 1" in str(err.value)
+    assert time.time() - t0 < 240
+    # The session is still usable afterwards.
+    assert spark.range(3).count() == 3
