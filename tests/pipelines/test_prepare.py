@@ -1,0 +1,36 @@
+import pytest
+from pyspark.ml.linalg import VectorUDT
+
+from sparkdeep.pipelines import flights as fl
+from sparkdeep.pipelines import prepare as prep
+
+
+@pytest.fixture(scope="module")
+def sample(spark):
+    raw = fl.load_raw(spark)
+    usable, _, _ = fl.build_flights(raw, 15, sample_fraction=0.02, seed=3)
+    return usable.cache()
+
+
+def test_split_is_disjoint_complete_and_deterministic(sample):
+    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1)
+    t = {r[0] for r in train.select(fl.KEY).collect()}
+    h = {r[0] for r in holdout.select(fl.KEY).collect()}
+    assert not t & h and len(t) + len(h) == sample.count()
+    assert 0.2 < len(h) / sample.count() < 0.3
+    again = {r[0] for r in prep.split_train_holdout(sample.repartition(5), 0.25, seed=1)[1].select(fl.KEY).collect()}
+    assert again == h
+
+
+def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
+    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1)
+    model = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=5, seed=1).fit(train)
+    prepared = prep.prepared_training_data(model, train)
+    assert isinstance(prepared.schema[prep.FEATURES].dataType, VectorUDT)
+    assert len(prepared.first()[prep.FEATURES]) == 5
+    counts = {r["label"]: r["count"] for r in prepared.groupBy("label").count().collect()}
+    assert abs(counts[0] - counts[1]) / counts[1] < 0.2  # rebalanced to about 1:1
+    assert model.transform(holdout).count() == holdout.count()  # scoring drops nothing
+    report = prep.prepare_report(model)
+    assert report["pca_k"] == 5 and 0 < report["pca_explained_variance_total"] <= 1
+    assert report["sampler"]["rows_out"] == prepared.count()
