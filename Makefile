@@ -14,7 +14,7 @@ run: setup
 	for step in $(STEPS); do \
 	  $(PY) -m sparkdeep.jobs.$$step $(ARGS) || exit $$?; \
 	done; \
-	echo "[run] all steps done in $$(( $$(date +%s) - start ))s; outputs under $$($(PY) -c 'from sparkdeep.jobs._common import *; import sys; print(load(parser("run","").parse_args(sys.argv[1:])).output_dir)' $(ARGS))"
+	echo "[run] all steps done in $$(( $$(date +%s) - start ))s; tables, models and reports under the output folder (default ./output)"
 
 test: setup
 	$(PY) -m pytest

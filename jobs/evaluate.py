@@ -7,7 +7,7 @@ import sys
 from sparkdeep import delta_io
 from sparkdeep.pipelines.evaluate import binary_metrics
 
-from ._common import main_for, read_report
+from sparkdeep.jobs._common import main_for, read_report
 
 STEPS = ("ingest", "prepare", "train", "score")
 

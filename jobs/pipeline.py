@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from . import evaluate, ingest, prepare, score, train
-from ._common import parser, load, run_step
+from sparkdeep.jobs import evaluate, ingest, prepare, score, train
+from sparkdeep.jobs._common import parser, load, run_step
 
 STEPS = {"ingest": ingest.step, "prepare": prepare.step, "train": train.step,
          "score": score.step, "evaluate": evaluate.step}

@@ -6,7 +6,7 @@ import sys
 from sparkdeep import delta_io
 from sparkdeep.pipelines import prepare as prep
 
-from ._common import main_for
+from sparkdeep.jobs._common import main_for
 
 
 def step(spark, cfg, paths) -> dict:

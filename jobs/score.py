@@ -8,7 +8,7 @@ from pyspark.ml import PipelineModel
 from sparkdeep import delta_io
 from sparkdeep.pipelines.evaluate import predictions_frame
 
-from ._common import main_for
+from sparkdeep.jobs._common import main_for
 
 
 def step(spark, cfg, paths) -> dict:

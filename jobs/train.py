@@ -8,7 +8,7 @@ from pyspark.ml import PipelineModel
 from sparkdeep import delta_io
 from sparkdeep.pipelines import train as tr
 
-from ._common import main_for
+from sparkdeep.jobs._common import main_for
 
 
 def fit_models(spark, cfg, paths) -> tuple[PipelineModel, PipelineModel, dict]:
