@@ -1,22 +1,24 @@
-"""Class rebalancing by downsampling, as an MLlib Estimator that never drops rows to score.
+"""Downsampling stages: uniform, stratified (exact counts) and class rebalancing.
 
-``ClassBalanceSampler.fit(df)`` counts the classes and decides, per class, the fraction
-of rows to keep so that each majority class has at most ``majorityRatio`` rows per
-minority row. Its :class:`ClassBalanceSamplerModel` adds a weight column restoring the
-original class prior (mean weight 1), so weighted training and metrics stay unbiased.
+Every sampler is an Estimator. Fitting decides which rows a sample keeps; the fitted
+model applies it. **Sampling is for training only**: a fitted sampler model samples in
+exactly two cases, ``model.sample(df)`` (explicit) and the single ``transform`` call
+that ``Pipeline.fit`` makes, right after fitting it, on the very DataFrame it was fitted
+on (so the stages after it are fitted on the sample). Every other ``transform`` - a
+sampler fitted on its own, a loaded model, a ``PipelineModel`` scoring new or old data -
+passes every row through unchanged, so a user cannot lose rows to score by accident.
 
-Sampling is for training only. The fitted model samples in exactly two cases:
-``model.sample(df)`` (explicit), and the one ``transform`` call that ``Pipeline.fit``
-makes on the very DataFrame the sampler was fitted on, so the stages after it are fitted
-on the sample. Every other ``transform`` - a loaded model, a ``PipelineModel`` scoring
-new or old data - passes every row through unchanged.
-
-Row membership is decided by a hash of the row's values and the seed, not by a random
-stream, so the sample is the same for a given seed and input whatever the partitioning.
+Membership is decided by a 64-bit hash of the row's values and the seed, never by a
+random stream: the same seed and input give the same sample whatever the partitioning.
+Exact counts come from per-stratum hash thresholds: a histogram of hash buckets per
+stratum (one pass) finds the bucket holding the n-th row, and the hashes in that one
+bucket (a second, tiny pass) give the exact threshold. Rows with the same values hash
+alike, so exact duplicate rows can push a count over its target by their multiplicity.
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pyspark import keyword_only
@@ -29,18 +31,308 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 _HASH_BUCKETS = 1 << 30
+_ALL = "__all__"
+
+
+def row_hash(columns: list[str], seed: int) -> Column:
+    """A deterministic 64-bit hash of the row's values and ``seed``."""
+    return F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in columns])
 
 
 def row_uniform(columns: list[str], seed: int) -> Column:
     """A deterministic value in [0, 1) per row from its values and ``seed``."""
-    h = F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in columns])
-    return F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
+    return F.pmod(row_hash(columns, seed), F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
 
 
 def hashable_columns(schema: T.StructType) -> list[str]:
-    """Columns whose values can feed the row hash (user-defined types cannot)."""
+    """Columns whose values can feed the row hash (user-defined types such as vectors cannot)."""
     return [f.name for f in schema.fields if not isinstance(f.dataType, T.UserDefinedType)]
 
+
+def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets: dict) -> dict:
+    """Per stratum, the largest hash ``t`` such that ``count(h <= t) == target``.
+
+    ``targets`` maps stratum value -> rows wanted (0 keeps none; >= the stratum's size
+    keeps all). Two passes: bucket counts per stratum, then the hashes of each boundary
+    bucket. Returns stratum -> threshold (None = keep none).
+    """
+    n_strata = max(1, len(targets))
+    bits = max(4, min(16, 20 - math.ceil(math.log2(n_strata))))
+    shift = 64 - bits
+    keyed = df.select(stratum.alias("s"), h.alias("h")).withColumn("b", F.shiftright("h", shift))
+    hist: dict = {}
+    for r in keyed.groupBy("s", "b").count().collect():
+        hist.setdefault(r["s"], []).append((r["b"], r["count"]))
+    out, boundary = {}, {}
+    for s, want in targets.items():
+        buckets = sorted(hist.get(s, []))
+        total = sum(c for _, c in buckets)
+        if want <= 0:
+            out[s] = None
+            continue
+        if want >= total:
+            out[s] = (1 << 63) - 1
+            continue
+        seen = 0
+        for b, c in buckets:
+            if seen + c >= want:
+                boundary[s] = (b, want - seen)
+                break
+            seen += c
+    if boundary:
+        cond = None
+        for s, (b, _) in boundary.items():
+            c = F.col("s").eqNullSafe(F.lit(s)) & (F.col("b") == F.lit(b))
+            cond = c if cond is None else cond | c
+        hashes: dict = {}
+        for r in keyed.where(cond).select("s", "h").collect():
+            hashes.setdefault(r["s"], []).append(r["h"])
+        for s, (_, need) in boundary.items():
+            out[s] = sorted(hashes[s])[need - 1]
+    return out
+
+
+def threshold_condition(h: Column, stratum: Column, thresholds: dict) -> Column:
+    """Rows to keep: the row's hash is at or below its stratum's threshold."""
+    cond = F.lit(False)
+    for s, t in thresholds.items():
+        if t is not None:
+            cond = cond | (stratum.eqNullSafe(F.lit(s)) & (h <= F.lit(t)))
+    return cond
+
+
+# -- the training-only contract, shared by every sampler model ----------------------------
+
+class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
+    """Passes rows through on ``transform`` except inside the ``Pipeline.fit`` that made it."""
+
+    hashCols = Param(Params._dummy(), "hashCols", "columns whose values decide row membership",
+                     typeConverter=TypeConverters.toListString)
+    plan = Param(Params._dummy(), "plan", "JSON: what the fit decided (thresholds, counts)",
+                 typeConverter=TypeConverters.toString)
+
+    def __init__(self, hashCols: list[str] | None = None, plan: dict | None = None):
+        super().__init__()
+        self._armed_for: DataFrame | None = None
+        self._setDefault(hashCols=[], plan="{}")
+        kwargs: dict = {}
+        if hashCols is not None:
+            kwargs["hashCols"] = list(hashCols)
+        if plan is not None:
+            kwargs["plan"] = json.dumps(plan)
+        self._set(**kwargs)
+
+    @property
+    def _plan(self) -> dict:
+        return json.loads(self.getOrDefault(self.plan))
+
+    def _arm(self, dataset: DataFrame) -> None:
+        self._armed_for = dataset
+
+    def _hash(self, dataset: DataFrame, seed: int) -> Column:
+        cols = self.getOrDefault(self.hashCols)
+        missing = [c for c in cols if c not in dataset.columns]
+        if missing:
+            raise ValueError(f"columns {missing} that decided the sample at fit are missing from the input")
+        return row_hash(cols, seed)
+
+    def sample(self, dataset: DataFrame) -> DataFrame:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        armed, self._armed_for = self._armed_for, None
+        if armed is not None and dataset is armed:
+            return self.sample(dataset)
+        return dataset
+
+
+def _inside_pipeline_fit(max_depth: int = 12) -> bool:
+    """True when a ``pyspark.ml.Pipeline`` is fitting us (it then transforms once for the
+    next stage). A sampler fitted on its own never samples on ``transform``."""
+    import sys
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_fit" and frame.f_globals.get("__name__") == "pyspark.ml.pipeline":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _finish(estimator: Estimator, model: _SamplerModel, dataset: DataFrame) -> _SamplerModel:
+    estimator._copyValues(model)
+    if _inside_pipeline_fit():
+        model._arm(dataset)
+    return model
+
+
+# -- uniform -------------------------------------------------------------------------------
+
+class _UniformParams(HasSeed):
+    fraction = Param(Params._dummy(), "fraction", "share of rows to keep, in (0, 1] (approximate)",
+                     typeConverter=TypeConverters.toFloat)
+    targetCount = Param(Params._dummy(), "targetCount", "exact number of rows to keep (>= 0)",
+                        typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(seed=42)
+
+
+class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Keep a ``fraction`` of rows (hash Bernoulli, like ``df.sample``) or exactly
+    ``targetCount`` rows (hash thresholds). Set exactly one of the two."""
+
+    @keyword_only
+    def __init__(self, *, fraction: float | None = None, targetCount: int | None = None, seed: int = 42):
+        super().__init__()
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def _fit(self, dataset: DataFrame) -> "UniformSamplerModel":
+        has_f, has_n = self.isSet(self.fraction), self.isSet(self.targetCount)
+        if has_f == has_n:
+            raise ValueError("set exactly one of fraction and targetCount")
+        cols = hashable_columns(dataset.schema)
+        if has_f:
+            f = self.getOrDefault(self.fraction)
+            if not 0 < f <= 1:
+                raise ValueError(f"fraction must be in (0, 1], got {f}")
+            plan = {"mode": "fraction", "fraction": f}
+        else:
+            n = self.getOrDefault(self.targetCount)
+            if n < 0:
+                raise ValueError(f"targetCount must be >= 0, got {n}")
+            rows = dataset.count()
+            if n > rows:
+                raise ValueError(f"targetCount={n} is more than the {rows} rows of the input")
+            t = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.lit(_ALL), {_ALL: n})[_ALL]
+            plan = {"mode": "count", "threshold": t, "rows_in": rows, "rows_out": n}
+        return _finish(self, UniformSamplerModel(hashCols=cols, plan=plan), dataset)
+
+
+class UniformSamplerModel(_SamplerModel, _UniformParams):
+    """Fitted :class:`UniformSampler`."""
+
+    def sample(self, dataset: DataFrame) -> DataFrame:
+        plan = self._plan
+        h = self._hash(dataset, self.getSeed())
+        if plan["mode"] == "fraction":
+            u = F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
+            return dataset.where(u < F.lit(plan["fraction"]))
+        if plan["threshold"] is None:
+            return dataset.where(F.lit(False))
+        return dataset.where(h <= F.lit(plan["threshold"]))
+
+    @property
+    def summary(self) -> dict:
+        return {"stage": "UniformSampler", **self._plan}
+
+
+# -- stratified ----------------------------------------------------------------------------
+
+class _StratifiedParams(HasSeed, HasHandleInvalid):
+    stratumCol = Param(Params._dummy(), "stratumCol", "column whose values are the strata",
+                       typeConverter=TypeConverters.toString)
+    fractions = Param(Params._dummy(), "fractions",
+                      'JSON object stratum -> share in [0, 1]; the count kept is round(share x size), exactly',
+                      typeConverter=TypeConverters.toString)
+    targetCounts = Param(Params._dummy(), "targetCounts", "JSON object stratum -> exact rows to keep",
+                         typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(seed=42, handleInvalid="error")
+
+
+def _as_json(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+
+
+class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Per-stratum fractions or counts, hit exactly (``sampleBy`` is only approximate).
+
+    Keys of ``fractions``/``targetCounts`` are compared with the stratum column's values
+    as text (``"1"`` matches 1). Strata not named keep no rows, like ``sampleBy``; their
+    rows are counted in the summary. ``handleInvalid``: a stratum with fewer rows than
+    its target raises ('error') or gives all its rows and records the shortfall ('keep').
+    """
+
+    @keyword_only
+    def __init__(self, *, stratumCol: str | None = None, fractions: dict | str | None = None,
+                 targetCounts: dict | str | None = None, seed: int = 42, handleInvalid: str = "error"):
+        super().__init__()
+        self._set(**{k: _as_json(v) for k, v in self._input_kwargs.items() if v is not None})
+
+    def _fit(self, dataset: DataFrame) -> "StratifiedSamplerModel":
+        if not self.isSet(self.stratumCol):
+            raise ValueError("stratumCol must be set")
+        col = self.getOrDefault(self.stratumCol)
+        if col not in dataset.columns:
+            raise ValueError(f"stratumCol {col!r} is not a column of the input (columns: {', '.join(dataset.columns)})")
+        has_f, has_n = self.isSet(self.fractions), self.isSet(self.targetCounts)
+        if has_f == has_n:
+            raise ValueError("set exactly one of fractions and targetCounts")
+        mode = self.getHandleInvalid()
+        if mode not in ("error", "keep"):
+            raise ValueError(f"handleInvalid must be 'error' or 'keep', got {mode!r}")
+        asked = json.loads(self.getOrDefault(self.fractions if has_f else self.targetCounts))
+        sizes = {r[0]: int(r[1]) for r in dataset.groupBy(col).count().collect()}
+        by_text = {("null" if v is None else str(v)): v for v in sizes}
+        targets, shortfall, unknown = {}, {}, []
+        for key, value in asked.items():
+            if key not in by_text:
+                unknown.append(key)
+                continue
+            s = by_text[key]
+            if has_f:
+                if not 0 <= float(value) <= 1:
+                    raise ValueError(f"fractions[{key!r}] must be in [0, 1], got {value}")
+                want = int(round(float(value) * sizes[s]))
+            else:
+                want = int(value)
+                if want < 0:
+                    raise ValueError(f"targetCounts[{key!r}] must be >= 0, got {want}")
+            if want > sizes[s]:
+                if mode == "error":
+                    raise ValueError(f"stratum {key!r} of {col!r} has {sizes[s]} rows, fewer than the "
+                                     f"{want} asked; set handleInvalid='keep' to take all its rows")
+                shortfall[key] = want - sizes[s]
+                want = sizes[s]
+            targets[s] = want
+        if unknown:
+            raise ValueError(f"strata {unknown} of {col!r} do not occur in the input "
+                             f"(it has {sorted(by_text)[:20]})")
+        cols = hashable_columns(dataset.schema)
+        thresholds = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(col), targets)
+        plan = {"strata": [{"stratum": s, "rows_in": sizes[s], "rows_out": targets[s],
+                            "threshold": thresholds[s]} for s in targets],
+                "shortfall": shortfall,
+                "rows_in": sum(sizes.values()),
+                "rows_unlisted_strata": sum(n for s, n in sizes.items() if s not in targets)}
+        return _finish(self, StratifiedSamplerModel(hashCols=cols, plan=plan), dataset)
+
+
+class StratifiedSamplerModel(_SamplerModel, _StratifiedParams):
+    """Fitted :class:`StratifiedSampler`."""
+
+    def sample(self, dataset: DataFrame) -> DataFrame:
+        col = self.getOrDefault(self.stratumCol)
+        if col not in dataset.columns:
+            raise ValueError(f"stratumCol {col!r} is not a column of the input")
+        thresholds = {s["stratum"]: s["threshold"] for s in self._plan["strata"]}
+        return dataset.where(threshold_condition(self._hash(dataset, self.getSeed()), F.col(col), thresholds))
+
+    @property
+    def summary(self) -> dict:
+        plan = self._plan
+        return {"stage": "StratifiedSampler", "rows_in": plan["rows_in"],
+                "rows_out": sum(s["rows_out"] for s in plan["strata"]),
+                "strata": [{k: v for k, v in s.items() if k != "threshold"} for s in plan["strata"]],
+                "shortfall": plan["shortfall"], "rows_unlisted_strata": plan["rows_unlisted_strata"]}
+
+
+# -- class rebalancing ----------------------------------------------------------------------
 
 class _ClassBalanceParams(HasLabelCol, HasWeightCol, HasSeed, HasHandleInvalid):
     majorityRatio = Param(Params._dummy(), "majorityRatio",
@@ -49,18 +341,18 @@ class _ClassBalanceParams(HasLabelCol, HasWeightCol, HasSeed, HasHandleInvalid):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(majorityRatio=1.0, weightCol="sample_weight", seed=42,
-                         handleInvalid="error")
+        self._setDefault(majorityRatio=1.0, weightCol="sample_weight", seed=42, handleInvalid="error")
 
     def getMajorityRatio(self) -> float:
         return self.getOrDefault(self.majorityRatio)
 
 
 class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable, DefaultParamsWritable):
-    """Downsample majority classes to ``majorityRatio`` x the minority class.
+    """Downsample every class to at most ``majorityRatio`` x the smallest class, exactly,
+    and add ``weightCol`` restoring the original class prior (mean weight 1).
 
-    ``handleInvalid``: rows with a null label raise (``'error'``) or are skipped and
-    counted in the model's ``summary`` (``'skip'``).
+    ``handleInvalid``: rows with a null label raise ('error') or are skipped and counted
+    in the model's ``summary`` ('skip').
 
     Examples
     --------
@@ -73,11 +365,7 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
     def __init__(self, *, labelCol: str = "label", weightCol: str = "sample_weight",
                  majorityRatio: float = 1.0, seed: int = 42, handleInvalid: str = "error"):
         super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, **kwargs: Any) -> "ClassBalanceSampler":
-        return self._set(**kwargs)
+        self._set(**self._input_kwargs)
 
     def _fit(self, dataset: DataFrame) -> "ClassBalanceSamplerModel":
         label, wcol = self.getLabelCol(), self.getWeightCol()
@@ -100,82 +388,39 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
         if len(counts) < 2:
             raise ValueError(f"labelCol {label!r} has {len(counts)} class(es); rebalancing needs two or more")
         minority = min(counts.values())
-        fractions = {c: min(1.0, ratio * minority / n) for c, n in counts.items()}
-
-        hash_cols = hashable_columns(dataset.schema)
-        u = row_uniform(hash_cols, self.getSeed())
-        keep = _keep_condition(label, fractions, u)
-        kept = {r[0]: int(r[1]) for r in dataset.where(keep).groupBy(label).count().collect()}
-        n_in, n_out = sum(counts.values()), sum(kept.values())
-        stats = [{"label": c, "rows_in": counts[c], "fraction": fractions[c],
-                  "rows_out": kept.get(c, 0),
-                  "weight": (counts[c] / kept[c]) * (n_out / n_in) if kept.get(c) else 0.0}
+        targets = {c: min(n, int(round(ratio * minority))) for c, n in counts.items()}
+        cols = hashable_columns(dataset.schema)
+        thresholds = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(label), targets)
+        n_in, n_out = sum(counts.values()), sum(targets.values())
+        stats = [{"label": c, "rows_in": counts[c], "rows_out": targets[c], "threshold": thresholds[c],
+                  "weight": (counts[c] / targets[c]) * (n_out / n_in) if targets[c] else 0.0}
                  for c in sorted(counts, key=str)]
-        model = ClassBalanceSamplerModel(classStats=json.dumps(stats),
-                                         hashCols=hash_cols, skippedRows=nulls)
-        self._copyValues(model)
-        model._arm(dataset)
-        return model
+        model = ClassBalanceSamplerModel(hashCols=cols, plan={"classes": stats, "skipped_null_label": nulls})
+        return _finish(self, model, dataset)
 
 
-def _keep_condition(label: str, fractions: dict, u: Column) -> Column:
-    expr = None
-    for c, frac in fractions.items():
-        cond = (F.col(label) == F.lit(c)) & (u < F.lit(frac))
-        expr = cond if expr is None else expr | cond
-    return expr
-
-
-class ClassBalanceSamplerModel(Model, _ClassBalanceParams, DefaultParamsReadable, DefaultParamsWritable):
-    """The fitted sampler: class fractions and weights; passes rows through on transform."""
-
-    classStats = Param(Params._dummy(), "classStats", "JSON list of per-class counts, fraction, weight",
-                       typeConverter=TypeConverters.toString)
-    hashCols = Param(Params._dummy(), "hashCols", "columns whose values decide row membership",
-                     typeConverter=TypeConverters.toListString)
-    skippedRows = Param(Params._dummy(), "skippedRows", "rows skipped at fit for a null label",
-                        typeConverter=TypeConverters.toInt)
-
-    @keyword_only
-    def __init__(self, *, classStats: str = "[]", hashCols: list[str] | None = None,
-                 skippedRows: int = 0):
-        super().__init__()
-        self._armed_for: DataFrame | None = None
-        kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
-        self._set(**kwargs)
+class ClassBalanceSamplerModel(_SamplerModel, _ClassBalanceParams):
+    """Fitted :class:`ClassBalanceSampler`: per-class thresholds and weights."""
 
     @property
     def summary(self) -> dict:
         """Counts in and out per class, weights, and rows skipped for a null label."""
-        stats = json.loads(self.getOrDefault(self.classStats))
-        return {"classes": stats, "rows_in": sum(s["rows_in"] for s in stats),
-                "rows_out": sum(s["rows_out"] for s in stats),
-                "skipped_null_label": self.getOrDefault(self.skippedRows)}
-
-    def _arm(self, dataset: DataFrame) -> None:
-        self._armed_for = dataset
+        plan = self._plan
+        classes = [{k: v for k, v in c.items() if k != "threshold"} for c in plan["classes"]]
+        return {"stage": "ClassBalanceSampler", "classes": classes,
+                "rows_in": sum(c["rows_in"] for c in classes), "rows_out": sum(c["rows_out"] for c in classes),
+                "skipped_null_label": plan["skipped_null_label"]}
 
     def sample(self, dataset: DataFrame) -> DataFrame:
-        """The training sample of ``dataset`` with the prior-restoring weight column."""
         label, wcol = self.getLabelCol(), self.getWeightCol()
         if label not in dataset.columns:
             raise ValueError(f"labelCol {label!r} is not a column of the input")
         if wcol in dataset.columns:
             raise ValueError(f"weightCol {wcol!r} already exists in the input; choose another name")
-        hash_cols = self.getOrDefault(self.hashCols)
-        missing = [c for c in hash_cols if c not in dataset.columns]
-        if missing:
-            raise ValueError(f"columns {missing} that decided the sample at fit are missing")
-        stats = json.loads(self.getOrDefault(self.classStats))
-        u = row_uniform(hash_cols, self.getSeed())
-        keep = _keep_condition(label, {s["label"]: s["fraction"] for s in stats}, u)
+        classes = self._plan["classes"]
+        keep = threshold_condition(self._hash(dataset, self.getSeed()), F.col(label),
+                                   {c["label"]: c["threshold"] for c in classes})
         weight = F.lit(0.0)
-        for s in stats:
-            weight = F.when(F.col(label) == F.lit(s["label"]), F.lit(float(s["weight"]))).otherwise(weight)
+        for c in classes:
+            weight = F.when(F.col(label) == F.lit(c["label"]), F.lit(float(c["weight"]))).otherwise(weight)
         return dataset.where(keep).withColumn(wcol, weight)
-
-    def _transform(self, dataset: DataFrame) -> DataFrame:
-        armed, self._armed_for = self._armed_for, None
-        if armed is not None and dataset is armed:
-            return self.sample(dataset)
-        return dataset

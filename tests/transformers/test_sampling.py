@@ -29,7 +29,7 @@ def test_rebalances_to_ratio_and_weights_restore_prior(digits):
     sample = model.sample(digits)
     before, after = class_counts(digits), class_counts(sample)
     assert after[1] == before[1]  # minority kept whole
-    assert abs(after[0] / after[1] - 2.0) < 0.25  # hash Bernoulli: close to the ratio
+    assert after[0] == 2 * before[1]  # exactly the ratio
     assert model.summary["rows_out"] == sum(after.values())
     # Weighted class totals are proportional to the original counts; mean weight is 1.
     w = {r["label"]: r["w"] for r in sample.groupBy("label").agg(F.sum("sample_weight").alias("w")).collect()}
@@ -127,3 +127,53 @@ def test_weights_numpy_reference(digits):
     n_out = np.array([stats[0]["rows_out"], stats[1]["rows_out"]], dtype=float)
     expected = n_in / n_out * n_out.sum() / n_in.sum()
     assert np.allclose([stats[0]["weight"], stats[1]["weight"]], expected)
+
+
+# -- uniform and stratified (exact counts) -------------------------------------------------
+
+from sparkdeep.transformers.sampling import StratifiedSampler, UniformSampler  # noqa: E402
+
+
+def test_uniform_target_count_is_exact_and_partition_independent(digits):
+    model = UniformSampler(targetCount=300, seed=4).fit(digits)
+    a = model.sample(digits)
+    assert a.count() == 300
+    ids = sorted(r[0] for r in a.select("id").collect())
+    assert ids == sorted(r[0] for r in model.sample(digits.repartition(5)).select("id").collect())
+    frac = UniformSampler(fraction=0.25, seed=4).fit(digits).sample(digits).count()
+    assert abs(frac - 0.25 * digits.count()) < 0.05 * digits.count()
+    with pytest.raises(ValueError, match="exactly one of fraction and targetCount"):
+        UniformSampler().fit(digits)
+    with pytest.raises(ValueError, match="targetCount=99999 is more than"):
+        UniformSampler(targetCount=99999).fit(digits)
+
+
+def test_stratified_counts_are_exact_unlike_sampleBy(spark):
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    df = spark.createDataFrame([(i, int(t), float(x[10])) for i, (x, t) in enumerate(zip(d.data, d.target))],
+                               "id long, digit int, px double")
+    sizes = {r[0]: r[1] for r in df.groupBy("digit").count().collect()}
+    fractions = {str(k): 0.3 for k in range(10)}
+    model = StratifiedSampler(stratumCol="digit", fractions=fractions, seed=9).fit(df)
+    got = {r[0]: r[1] for r in model.sample(df).groupBy("digit").count().collect()}
+    assert got == {k: int(round(0.3 * n)) for k, n in sizes.items()}
+    counts = StratifiedSampler(stratumCol="digit", targetCounts={"0": 10, "1": 25}).fit(df)
+    got = {r[0]: r[1] for r in counts.sample(df).groupBy("digit").count().collect()}
+    assert got == {0: 10, 1: 25}
+    assert counts.summary["rows_unlisted_strata"] == sum(n for k, n in sizes.items() if k not in (0, 1))
+    # The same model passes every row through when it scores.
+    assert counts.transform(df).count() == df.count()
+
+
+def test_stratum_smaller_than_asked_errors_or_is_recorded(spark):
+    df = spark.createDataFrame([(i, "a" if i < 5 else "b") for i in range(50)], "id long, s string")
+    with pytest.raises(ValueError, match=r"stratum 'a' of 's' has 5 rows, fewer than the 8 asked"):
+        StratifiedSampler(stratumCol="s", targetCounts={"a": 8, "b": 10}).fit(df)
+    model = StratifiedSampler(stratumCol="s", targetCounts={"a": 8, "b": 10}, handleInvalid="keep").fit(df)
+    assert model.summary["shortfall"] == {"a": 3}
+    assert model.sample(df).count() == 15
+    with pytest.raises(ValueError, match=r"strata \['zz'\] of 's' do not occur"):
+        StratifiedSampler(stratumCol="s", targetCounts={"zz": 1}).fit(df)
+    with pytest.raises(ValueError, match="stratumCol 'nope'"):
+        StratifiedSampler(stratumCol="nope", targetCounts={"a": 1}).fit(df)

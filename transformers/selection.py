@@ -1,0 +1,518 @@
+"""Feature selection stages over a vector column, keeping the selected features' names.
+
+Every selector is an Estimator whose model keeps ``selectedFeatures`` (indices into the
+input vector), the input's feature names, and one score per feature, and slices the
+vector with MLlib's ``VectorSlicer`` (which carries the selected features' ML
+attributes, so reports show names, not indices).
+
+- :class:`VarianceSelector`: drop features whose variance is at most a threshold.
+- :class:`MissingRateSelector`: drop features whose share of NaN is above a threshold.
+- :class:`UnivariateSelector`: chi-squared / ANOVA F / F-regression tests (MLlib's
+  ``ChiSquareTest``, ``ANOVATest``, ``FValueTest``) with numTopFeatures, percentile, fpr,
+  fdr and fwe modes, selecting exactly as MLlib's ``UnivariateFeatureSelector`` does.
+- :class:`CorrelationSelector`: of each pair with |Pearson r| above a threshold, keep
+  the one more correlated with the label.
+- :class:`ModelImportanceSelector`: top features by random-forest or GBT importance or
+  by |L1-regularised linear weights|.
+
+``handleInvalid``: rows whose features are null, NaN or infinite raise ('error'),
+are dropped and counted in the model's ``skippedRows`` ('skip'), or are kept ('keep':
+NaN counts as missing where that makes sense).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.feature import VectorSlicer
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasFeaturesCol, HasHandleInvalid, HasLabelCol, HasOutputCol, HasSeed
+from pyspark.ml.stat import Summarizer
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ._vectors import (feature_names, handle_invalid_rows, invalid_row, require_new, require_numeric,
+                       require_vector, vector_size)  # noqa: F401
+
+
+# -- the shared fitted model ---------------------------------------------------------------
+
+class _SelectorParams(HasFeaturesCol, HasOutputCol, HasHandleInvalid):
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(featuresCol="features", outputCol="selected", handleInvalid="error")
+
+    def setFeaturesCol(self, value: str):
+        return self._set(featuresCol=value)
+
+    def setOutputCol(self, value: str):
+        return self._set(outputCol=value)
+
+    def _check_io(self, df: DataFrame) -> None:
+        require_vector(df.schema, self.getFeaturesCol())
+        require_new(df.schema, self.getOutputCol())
+
+
+class SelectorModel(Model, _SelectorParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Slices the selected features; shared by every selector in this module."""
+
+    selectedFeatures = Param(Params._dummy(), "selectedFeatures", "indices of the kept features",
+                             typeConverter=TypeConverters.toListInt)
+    featureNames = Param(Params._dummy(), "featureNames", "names of all input features",
+                         typeConverter=TypeConverters.toListString)
+    scores = Param(Params._dummy(), "scores", "JSON list: one score per input feature (null if none)",
+                   typeConverter=TypeConverters.toString)
+    skippedRows = Param(Params._dummy(), "skippedRows", "invalid rows skipped at fit",
+                        typeConverter=TypeConverters.toInt)
+
+    def __init__(self, selectedFeatures: list[int] | None = None, featureNames: list[str] | None = None,
+                 scores: list | None = None, skippedRows: int = 0):
+        super().__init__()
+        self._setDefault(selectedFeatures=[], featureNames=[], scores="[]", skippedRows=0)
+        kwargs: dict = {"skippedRows": int(skippedRows)}
+        if selectedFeatures is not None:
+            kwargs["selectedFeatures"] = [int(i) for i in selectedFeatures]
+        if featureNames is not None:
+            kwargs["featureNames"] = list(featureNames)
+        if scores is not None:
+            kwargs["scores"] = json.dumps([_finite_or_none(s) for s in scores])
+        self._set(**kwargs)
+
+    @property
+    def selected(self) -> list[int]:
+        return list(self.getOrDefault(self.selectedFeatures))
+
+    @property
+    def selectedFeatureNames(self) -> list[str]:
+        names = self.getOrDefault(self.featureNames)
+        return [names[i] for i in self.selected]
+
+    @property
+    def featureScores(self) -> dict[str, float | None]:
+        """Each input feature's score by name (what the report plots)."""
+        return dict(zip(self.getOrDefault(self.featureNames), json.loads(self.getOrDefault(self.scores))))
+
+    @property
+    def summary(self) -> dict:
+        return {"stage": type(self).__name__, "input_features": len(self.getOrDefault(self.featureNames)),
+                "selected": len(self.selected), "selected_names": self.selectedFeatureNames,
+                "skipped_rows": self.getOrDefault(self.skippedRows)}
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        self._check_io(dataset)
+        if not self.selected:
+            raise ValueError(f"{type(self).__name__} selected no features; loosen its threshold")
+        slicer = VectorSlicer(inputCol=self.getFeaturesCol(), outputCol=self.getOutputCol(),
+                              indices=self.selected)
+        return slicer.transform(dataset)
+
+
+def _finite_or_none(x) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class _SelectorBase(Estimator, _SelectorParams):
+    """Validation, invalid-row handling and model assembly shared by the selectors."""
+
+    _model_class: type = SelectorModel
+
+    def _names(self, dataset: DataFrame) -> list[str]:
+        self._check_io(dataset)
+        col = self.getFeaturesCol()
+        return feature_names(dataset.schema, col, vector_size(dataset, col))
+
+    def _compute(self, dataset: DataFrame, fn) -> tuple[Any, int]:
+        """Run ``fn(df) -> (result, finite)`` once; look for invalid rows only if the result
+        shows some (non-finite) or MLlib failed on them (null vectors), so clean data
+        costs no extra pass. Returns the result and the number of rows skipped."""
+        col, mode = self.getFeaturesCol(), self.getHandleInvalid()
+        failure = None
+        try:
+            result, finite = fn(dataset)
+            if finite or mode == "keep":
+                return result, 0
+        except Exception as exc:  # noqa: BLE001 - MLlib aggregators fail on null vectors
+            if mode == "keep":
+                raise
+            failure = exc
+        clean, skipped = handle_invalid_rows(dataset, col, mode)  # raises for 'error'
+        if not skipped:
+            if failure is not None:
+                raise failure
+            return result, 0
+        return fn(clean)[0], skipped
+
+    def _make(self, selected, names, scores, skipped) -> SelectorModel:
+        model = self._model_class(selectedFeatures=sorted(int(i) for i in selected),
+                                  featureNames=names, scores=list(scores), skippedRows=skipped)
+        self._copyValues(model)
+        return model
+
+
+# -- variance ------------------------------------------------------------------------------
+
+class VarianceSelectorModel(SelectorModel):
+    """Fitted :class:`VarianceSelector`; ``featureScores`` are the sample variances."""
+
+
+class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritable):
+    """Keep features whose sample variance is above ``varianceThreshold``.
+
+    Constant features (variance 0) go with the default threshold 0.0.
+    """
+
+    varianceThreshold = Param(Params._dummy(), "varianceThreshold", "keep variance > this (>= 0)",
+                              typeConverter=TypeConverters.toFloat)
+    _model_class = VarianceSelectorModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected",
+                 varianceThreshold: float = 0.0, handleInvalid: str = "error"):
+        super().__init__()
+        self._setDefault(varianceThreshold=0.0)
+        self._set(**self._input_kwargs)
+
+    def _fit(self, dataset: DataFrame) -> VarianceSelectorModel:
+        t = self.getOrDefault(self.varianceThreshold)
+        if t < 0:
+            raise ValueError(f"varianceThreshold must be >= 0, got {t}")
+        names = self._names(dataset)
+        col = self.getFeaturesCol()
+
+        def variances(df):
+            var = df.select(Summarizer.metrics("variance").summary(F.col(col)).alias("s")).first()["s"]["variance"]
+            var = var.toArray()
+            return var, bool(np.isfinite(var).all())
+
+        var, skipped = self._compute(dataset, variances)
+        return self._make(np.flatnonzero(var > t), names, var, skipped)
+
+
+# -- missing rate --------------------------------------------------------------------------
+
+class MissingRateSelectorModel(SelectorModel):
+    """Fitted :class:`MissingRateSelector`; ``featureScores`` are the NaN rates."""
+
+
+class MissingRateSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritable):
+    """Keep features whose share of missing values (NaN) is at most ``maxMissingRate``.
+
+    Nulls in raw columns become NaN in the vector when ``VectorAssembler`` runs with
+    ``handleInvalid='keep'``; this stage therefore always treats NaN as missing, and
+    ``handleInvalid`` applies to null vectors and infinities only.
+    """
+
+    maxMissingRate = Param(Params._dummy(), "maxMissingRate", "keep NaN rate <= this, in [0, 1]",
+                           typeConverter=TypeConverters.toFloat)
+    _model_class = MissingRateSelectorModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected",
+                 maxMissingRate: float = 0.5, handleInvalid: str = "error"):
+        super().__init__()
+        self._setDefault(maxMissingRate=0.5)
+        self._set(**self._input_kwargs)
+
+    def _fit(self, dataset: DataFrame) -> MissingRateSelectorModel:
+        limit = self.getOrDefault(self.maxMissingRate)
+        if not 0 <= limit <= 1:
+            raise ValueError(f"maxMissingRate must be in [0, 1], got {limit}")
+        names = self._names(dataset)
+        col = self.getFeaturesCol()
+
+        def rates_of(df):
+            row = nan_counts(df, col, len(names))
+            rates = row[1] / max(row[0], 1)
+            return rates, bool(row[2] == 0)
+
+        rates, skipped = self._compute(dataset, rates_of)
+        return self._make(np.flatnonzero(rates <= limit), names, rates, skipped)
+
+
+def nan_counts(df: DataFrame, col: str, size: int) -> tuple[int, np.ndarray, int]:
+    """(rows, NaN count per feature, rows that are null or hold infinities), vectorised per
+    Arrow batch and summed over one small row per partition."""
+    import pyarrow as pa
+    from pyspark.ml.functions import vector_to_array
+
+    def per_partition(batches):
+        rows, bad, counts = 0, 0, np.zeros(size, dtype=np.int64)
+        for batch in batches:
+            arr = batch.column(0)
+            valid = arr.drop_null() if arr.null_count else arr
+            bad += arr.null_count
+            if len(valid):
+                m = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), size)
+                counts += np.isnan(m).sum(axis=0)
+                bad += int(np.isinf(m).any(axis=1).sum())
+            rows += len(arr)
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "bad": [bad], "nan": [counts.tolist()]})
+
+    parts = (df.select(F.when(F.col(col).isNotNull(), vector_to_array(F.col(col))).alias("v"))
+             .mapInArrow(per_partition, "rows long, bad long, nan array<long>").collect())
+    total = sum(r["rows"] for r in parts)
+    nan = np.sum([r["nan"] for r in parts], axis=0) if parts else np.zeros(size)
+    return total, np.asarray(nan, dtype=float), sum(r["bad"] for r in parts)
+
+
+# -- univariate tests ------------------------------------------------------------------------
+
+_TESTS = {("categorical", "categorical"): "chi2", ("continuous", "categorical"): "anova",
+          ("continuous", "continuous"): "fvalue"}
+
+
+class UnivariateSelectorModel(SelectorModel):
+    """Fitted :class:`UnivariateSelector`; ``featureScores`` are the test statistics."""
+
+    pValues = Param(Params._dummy(), "pValues", "JSON list of p-values per input feature",
+                    typeConverter=TypeConverters.toString)
+
+    def __init__(self, **kwargs: Any):
+        p_values = kwargs.pop("pValues", None)
+        super().__init__(**kwargs)
+        self._setDefault(pValues="[]")
+        if p_values is not None:
+            self._set(pValues=json.dumps([_finite_or_none(p) for p in p_values]))
+
+
+class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, DefaultParamsWritable):
+    """Univariate statistical tests against the label, then a selection rule.
+
+    ``featureType``/``labelType`` pick the test as MLlib does: categorical/categorical ->
+    chi-squared, continuous/categorical -> ANOVA F, continuous/continuous -> F-regression.
+    ``selectionMode``: numTopFeatures (threshold = k), percentile (fraction of features),
+    fpr (p < threshold), fdr (Benjamini-Hochberg at threshold), fwe (p < threshold / n).
+    """
+
+    featureType = Param(Params._dummy(), "featureType", "categorical or continuous",
+                        typeConverter=TypeConverters.toString)
+    labelType = Param(Params._dummy(), "labelType", "categorical or continuous",
+                      typeConverter=TypeConverters.toString)
+    selectionMode = Param(Params._dummy(), "selectionMode", "numTopFeatures, percentile, fpr, fdr or fwe",
+                          typeConverter=TypeConverters.toString)
+    selectionThreshold = Param(Params._dummy(), "selectionThreshold",
+                               "k, fraction or p-value limit, by selectionMode",
+                               typeConverter=TypeConverters.toFloat)
+    _model_class = UnivariateSelectorModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected",
+                 labelCol: str = "label", featureType: str = "continuous", labelType: str = "categorical",
+                 selectionMode: str = "numTopFeatures", selectionThreshold: float | None = None,
+                 handleInvalid: str = "error"):
+        super().__init__()
+        self._setDefault(featureType="continuous", labelType="categorical", selectionMode="numTopFeatures")
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def _threshold(self) -> float:
+        mode = self.getOrDefault(self.selectionMode)
+        if self.isSet(self.selectionThreshold):
+            return self.getOrDefault(self.selectionThreshold)
+        return {"numTopFeatures": 50, "percentile": 0.1}.get(mode, 0.05)
+
+    def _fit(self, dataset: DataFrame) -> UnivariateSelectorModel:
+        kind = (self.getOrDefault(self.featureType), self.getOrDefault(self.labelType))
+        if kind not in _TESTS:
+            raise ValueError(f"featureType={kind[0]!r} with labelType={kind[1]!r} has no test; "
+                             f"supported: {sorted(_TESTS)}")
+        mode, threshold = self.getOrDefault(self.selectionMode), self._threshold()
+        if mode not in ("numTopFeatures", "percentile", "fpr", "fdr", "fwe"):
+            raise ValueError(f"selectionMode {mode!r} is not one of numTopFeatures, percentile, fpr, fdr, fwe")
+        require_numeric(dataset.schema, self.getLabelCol())
+        names = self._names(dataset)
+        n_features = len(names)
+        if mode == "numTopFeatures" and threshold > n_features:
+            raise ValueError(f"selectionThreshold (numTopFeatures) = {int(threshold)} is larger than the "
+                             f"{n_features} features of {self.getFeaturesCol()!r}")
+        def run(df):
+            stats, p = univariate_test(df, self.getFeaturesCol(), self.getLabelCol(), _TESTS[kind])
+            return (stats, p), bool(np.isfinite(stats).all())
+
+        (stats, p_values), skipped = self._compute(dataset, run)
+        selected = select_by_pvalue(p_values, stats, mode, threshold)
+        model = self._make(selected, names, stats, skipped)
+        model._set(pValues=json.dumps([_finite_or_none(p) for p in p_values]))
+        return model
+
+
+def univariate_test(df: DataFrame, features: str, label: str, test: str) -> tuple[np.ndarray, np.ndarray]:
+    """Statistics and p-values per feature from MLlib's own tests (one pass on the JVM)."""
+    from pyspark.ml.stat import ANOVATest, ChiSquareTest, FValueTest
+    cls = {"chi2": ChiSquareTest, "anova": ANOVATest, "fvalue": FValueTest}[test]
+    row = cls.test(df, features, label).first()
+    return np.asarray(row["statistics"].toArray()), np.asarray(row["pValues"].toArray())
+
+
+def select_by_pvalue(p: np.ndarray, stat: np.ndarray, mode: str, threshold: float) -> list[int]:
+    """MLlib's ``SelectorModel`` rules: order by p-value, ties by larger statistic."""
+    # A constant feature gives NaN statistics: it ranks last and passes no p-value test.
+    p = np.where(np.isnan(p), 1.0, p)
+    stat = np.where(np.isnan(stat), -np.inf, stat)
+    n = len(p)
+    order = sorted(range(n), key=lambda i: (p[i], -stat[i]))
+    if mode == "numTopFeatures":
+        return sorted(order[: int(threshold)])
+    if mode == "percentile":
+        return sorted(order[: int(n * threshold)])
+    if mode == "fpr":
+        return sorted(i for i in range(n) if p[i] < threshold)
+    if mode == "fwe":
+        return sorted(i for i in range(n) if p[i] < threshold / n)
+    # fdr: Benjamini-Hochberg, the largest rank r with p_(r) <= threshold * r / n.
+    ranked = sorted(range(n), key=lambda i: p[i])
+    cut = -1
+    for r, i in enumerate(ranked):
+        if p[i] <= threshold * (r + 1) / n:
+            cut = r
+    return sorted(ranked[: cut + 1])
+
+
+# -- correlation redundancy -----------------------------------------------------------------
+
+class CorrelationSelectorModel(SelectorModel):
+    """Fitted :class:`CorrelationSelector`; ``featureScores`` are |r| with the label."""
+
+
+class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, DefaultParamsWritable):
+    """Drop redundant features: of each pair with |Pearson r| > ``maxCorrelation``, keep the
+    one with the larger |r| to the label. Pairs are visited from the most correlated down,
+    and a feature already dropped no longer removes others.
+    """
+
+    maxCorrelation = Param(Params._dummy(), "maxCorrelation", "pairs above this |r| are redundant, (0, 1]",
+                           typeConverter=TypeConverters.toFloat)
+    _model_class = CorrelationSelectorModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected",
+                 labelCol: str = "label", maxCorrelation: float = 0.95, handleInvalid: str = "error"):
+        super().__init__()
+        self._setDefault(maxCorrelation=0.95)
+        self._set(**self._input_kwargs)
+
+    def _fit(self, dataset: DataFrame) -> CorrelationSelectorModel:
+        limit = self.getOrDefault(self.maxCorrelation)
+        if not 0 < limit <= 1:
+            raise ValueError(f"maxCorrelation must be in (0, 1], got {limit}")
+        require_numeric(dataset.schema, self.getLabelCol())
+        names = self._names(dataset)
+        p = len(names)
+
+        def run(df):
+            c = correlation_with_label(df, self.getFeaturesCol(), self.getLabelCol())
+            return c, bool(np.isfinite(c).all())
+
+        corr, skipped = self._compute(dataset, run)
+        feat, to_label = corr[:p, :p], np.abs(corr[:p, p])
+        constant = [names[i] for i in range(p) if not np.isfinite(feat[i, i])]
+        if constant:
+            raise ValueError(f"featuresCol {self.getFeaturesCol()!r} has constant features {constant[:10]}: "
+                             "correlation is undefined; drop them first (VarianceSelector)")
+        to_label = np.nan_to_num(to_label, nan=0.0)
+        keep = np.ones(p, dtype=bool)
+        iu = np.triu_indices(p, k=1)
+        strength = np.abs(feat[iu])
+        for idx in np.argsort(-strength, kind="stable"):
+            if strength[idx] <= limit:
+                break
+            i, j = iu[0][idx], iu[1][idx]
+            if keep[i] and keep[j]:
+                keep[j if to_label[i] >= to_label[j] else i] = False
+        return self._make(np.flatnonzero(keep), names, to_label, skipped)
+
+
+def correlation_with_label(df: DataFrame, features: str, label: str) -> np.ndarray:
+    """The (p+1) x (p+1) Pearson matrix of the features and the label (MLlib, on the JVM)."""
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.stat import Correlation
+    both = VectorAssembler(inputCols=[features, label], outputCol="__fl", handleInvalid="error") \
+        .transform(df.select(features, F.col(label).cast("double").alias(label)))
+    return Correlation.corr(both, "__fl", "pearson").first()[0].toArray()
+
+
+# -- model importance ------------------------------------------------------------------------
+
+class ModelImportanceSelectorModel(SelectorModel):
+    """Fitted :class:`ModelImportanceSelector`; ``featureScores`` are the importances."""
+
+
+class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParamsReadable, DefaultParamsWritable):
+    """Keep the ``numTopFeatures`` most important features of a fitted model.
+
+    ``method``: 'randomForest' or 'gbt' (impurity importance), or 'l1' (|weights| of an
+    L1-regularised logistic or linear regression, ``regParam``; scale features first).
+    ``labelType``: 'categorical' (classification) or 'continuous' (regression).
+    """
+
+    method = Param(Params._dummy(), "method", "randomForest, gbt or l1", typeConverter=TypeConverters.toString)
+    labelType = Param(Params._dummy(), "labelType", "categorical or continuous",
+                      typeConverter=TypeConverters.toString)
+    numTopFeatures = Param(Params._dummy(), "numTopFeatures", "features to keep (>= 1)",
+                           typeConverter=TypeConverters.toInt)
+    regParam = Param(Params._dummy(), "regParam", "L1 strength for method='l1'", typeConverter=TypeConverters.toFloat)
+    numTrees = Param(Params._dummy(), "numTrees", "trees for randomForest / iterations for gbt",
+                     typeConverter=TypeConverters.toInt)
+    _model_class = ModelImportanceSelectorModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected", labelCol: str = "label",
+                 method: str = "randomForest", labelType: str = "categorical", numTopFeatures: int = 20,
+                 regParam: float = 0.01, numTrees: int = 20, seed: int = 42, handleInvalid: str = "error"):
+        super().__init__()
+        self._setDefault(method="randomForest", labelType="categorical", numTopFeatures=20,
+                         regParam=0.01, numTrees=20, seed=42)
+        self._set(**self._input_kwargs)
+
+    def _fit(self, dataset: DataFrame) -> ModelImportanceSelectorModel:
+        method, kind = self.getOrDefault(self.method), self.getOrDefault(self.labelType)
+        k = self.getOrDefault(self.numTopFeatures)
+        if method not in ("randomForest", "gbt", "l1"):
+            raise ValueError(f"method must be 'randomForest', 'gbt' or 'l1', got {method!r}")
+        if kind not in ("categorical", "continuous"):
+            raise ValueError(f"labelType must be 'categorical' or 'continuous', got {kind!r}")
+        require_numeric(dataset.schema, self.getLabelCol())
+        names = self._names(dataset)
+        # Trees and L1 fits take NaN silently; check rows up front (cheap next to the fit).
+        df, skipped = handle_invalid_rows(dataset, self.getFeaturesCol(), self.getHandleInvalid())
+        if not 1 <= k <= len(names):
+            raise ValueError(f"numTopFeatures={k} must be between 1 and the {len(names)} features")
+        importance = fit_importance(df, self.getFeaturesCol(), self.getLabelCol(), method, kind,
+                                    self.getOrDefault(self.numTrees), self.getOrDefault(self.regParam),
+                                    self.getOrDefault(self.seed))
+        top = np.argsort(-importance, kind="stable")[:k]
+        return self._make(top, names, importance, skipped)
+
+
+def fit_importance(df, features, label, method, kind, trees, reg, seed) -> np.ndarray:
+    from pyspark.ml import classification as C
+    from pyspark.ml import regression as R
+    classify = kind == "categorical"
+    if method == "randomForest":
+        est = (C.RandomForestClassifier if classify else R.RandomForestRegressor)(
+            featuresCol=features, labelCol=label, numTrees=trees, seed=seed)
+        return est.fit(df).featureImportances.toArray()
+    if method == "gbt":
+        est = (C.GBTClassifier if classify else R.GBTRegressor)(
+            featuresCol=features, labelCol=label, maxIter=trees, seed=seed)
+        return est.fit(df).featureImportances.toArray()
+    if classify:
+        m = C.LogisticRegression(featuresCol=features, labelCol=label, elasticNetParam=1.0,
+                                 regParam=reg, standardization=True).fit(df)
+        return np.abs(m.coefficientMatrix.toArray()).sum(axis=0)
+    m = R.LinearRegression(featuresCol=features, labelCol=label, elasticNetParam=1.0,
+                           regParam=reg, standardization=True).fit(df)
+    return np.abs(m.coefficients.toArray())
+
+
+__all__ = ["SelectorModel", "VarianceSelector", "VarianceSelectorModel", "MissingRateSelector",
+           "MissingRateSelectorModel", "UnivariateSelector", "UnivariateSelectorModel", "CorrelationSelector",
+           "CorrelationSelectorModel", "ModelImportanceSelector", "ModelImportanceSelectorModel",
+           "invalid_row", "select_by_pvalue"]
