@@ -345,14 +345,18 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
 
 def univariate_test(df: DataFrame, features: str, label: str, test: str) -> tuple[np.ndarray, np.ndarray]:
     """Statistics and p-values per feature from MLlib's own tests (one pass on the JVM)."""
-    from pyspark.ml.stat import ANOVATest, ChiSquareTest, FValueTest
-    cls = {"chi2": ChiSquareTest, "anova": ANOVATest, "fvalue": FValueTest}[test]
-    row = cls.test(df, features, label).first()
-    return np.asarray(row["statistics"].toArray()), np.asarray(row["pValues"].toArray())
+    # PySpark wraps only ChiSquareTest; all three live in org.apache.spark.ml.stat.
+    name = {"chi2": "ChiSquareTest", "anova": "ANOVATest", "fvalue": "FValueTest"}[test]
+    spark = df.sparkSession
+    jtest = getattr(spark.sparkContext._jvm.org.apache.spark.ml.stat, name)
+    row = DataFrame(jtest.test(df._jdf, features, label), spark).first()
+    stat = row["statistics"] if "statistics" in row.asDict() else row["fValues"]
+    return np.asarray(stat.toArray()), np.asarray(row["pValues"].toArray())
 
 
 def select_by_pvalue(p: np.ndarray, stat: np.ndarray, mode: str, threshold: float) -> list[int]:
-    """MLlib's ``SelectorModel`` rules: order by p-value, ties by larger statistic."""
+    """MLlib's selection rules. Ranking is by p-value, and ties - strong features' p-values
+    underflow to 0 - go to the larger statistic (MLlib keeps index order there)."""
     # A constant feature gives NaN statistics: it ranks last and passes no p-value test.
     p = np.where(np.isnan(p), 1.0, p)
     stat = np.where(np.isnan(stat), -np.inf, stat)
@@ -412,7 +416,10 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
 
         corr, skipped = self._compute(dataset, run)
         feat, to_label = corr[:p, :p], np.abs(corr[:p, p])
-        constant = [names[i] for i in range(p) if not np.isfinite(feat[i, i])]
+        if not np.isfinite(corr[p, :p]).any():
+            raise ValueError(f"labelCol {self.getLabelCol()!r} is constant: correlation with it is undefined")
+        # Spark gives NaN (not an error) for a constant column's correlations.
+        constant = [names[i] for i in range(p) if not np.isfinite(corr[i, p])]
         if constant:
             raise ValueError(f"featuresCol {self.getFeaturesCol()!r} has constant features {constant[:10]}: "
                              "correlation is undefined; drop them first (VarianceSelector)")
