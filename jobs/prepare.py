@@ -20,7 +20,8 @@ def step(spark, cfg, paths) -> dict:
     pipeline = prep.build_prepare_pipeline(
         majority_ratio=cfg.prepare.majority_ratio,
         selector_top_fraction=cfg.prepare.selector_top_fraction,
-        pca_k=cfg.prepare.pca_k, seed=cfg.seed)
+        max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
+        pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed)
     model = pipeline.fit(train)
     model.write().overwrite().save(paths.model("prepare"))
     prepared = prep.prepared_training_data(model, train)
@@ -37,8 +38,13 @@ def step(spark, cfg, paths) -> dict:
                    "train_prepared": prepared_ref.as_dict()},
     })
     print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} after rebalancing; "
-          f"holdout {report['rows_holdout']}; {report.get('selected_features')} features selected; "
-          f"PCA k={report.get('pca_k')} explains {report.get('pca_explained_variance_total')}", flush=True)
+          f"holdout {report['rows_holdout']}", flush=True)
+    for sel in report["selection"]:
+        names = sel["selected_names"]
+        print(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
+              f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})", flush=True)
+    print(f"[prepare] CenteredPCA k={report.get('pca_k')} explains {report.get('pca_explained_variance_total')} "
+          f"of the variance: {report.get('pca_explained_variance')}", flush=True)
     return report
 
 

@@ -8,12 +8,14 @@ when it scores.
 from __future__ import annotations
 
 from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.feature import (PCA, Imputer, OneHotEncoder, StandardScaler, StringIndexer,
-                                UnivariateFeatureSelector, VectorAssembler)
+from pyspark.ml.feature import Imputer, OneHotEncoder, StringIndexer, VectorAssembler
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel
+from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
+                                              VarianceSelector)
 
 from .flights import CATEGORICAL, KEY, LABEL, NUMERIC
 
@@ -22,8 +24,10 @@ FEATURES = "features"
 
 
 def build_prepare_pipeline(*, majority_ratio: float, selector_top_fraction: float, pca_k: int,
-                           seed: int, categorical=tuple(CATEGORICAL), numeric=tuple(NUMERIC),
+                           seed: int, max_correlation: float = 0.95, pca_variance_target: float = 0.9,
+                           categorical=tuple(CATEGORICAL), numeric=tuple(NUMERIC),
                            label: str = LABEL) -> Pipeline:
+    """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``."""
     idx = [f"{c}__idx" for c in categorical]
     ohe = [f"{c}__ohe" for c in categorical]
     imp = [f"{c}__imp" for c in numeric]
@@ -35,12 +39,14 @@ def build_prepare_pipeline(*, majority_ratio: float, selector_top_fraction: floa
         OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True),
         Imputer(inputCols=list(numeric), outputCols=imp, strategy="median"),
         VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"),
-        UnivariateFeatureSelector(featuresCol="assembled", outputCol="selected", labelCol=label,
-                                  selectionMode="percentile")
-        .setFeatureType("continuous").setLabelType("categorical")
-        .setSelectionThreshold(selector_top_fraction),
-        StandardScaler(inputCol="selected", outputCol="scaled", withMean=True, withStd=True),
-        PCA(k=pca_k, inputCol="scaled", outputCol=FEATURES),
+        VarianceSelector(featuresCol="assembled", outputCol="varying", varianceThreshold=0.0),
+        UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
+                           featureType="continuous", labelType="categorical",
+                           selectionMode="percentile", selectionThreshold=selector_top_fraction),
+        CorrelationSelector(featuresCol="informative", outputCol="selected", labelCol=label,
+                            maxCorrelation=max_correlation),
+        CenteredPCA(inputCol="selected", outputCol=FEATURES, k=pca_k, varianceTarget=pca_variance_target,
+                    scale=True),
     ]
     return Pipeline(stages=stages)
 
@@ -66,15 +72,21 @@ def split_train_holdout(flights: DataFrame, holdout_fraction: float, seed: int) 
 
 
 def prepare_report(model: PipelineModel) -> dict:
-    """What the reduction did: class counts, selected feature count, PCA variance."""
-    from pyspark.ml.feature import PCAModel, UnivariateFeatureSelectorModel
-    out: dict = {"sampler": sampler_of(model).summary}
+    """What the reduction did: class counts, features kept by each selector (by name),
+    PCA's explained variance."""
+    out: dict = {"sampler": sampler_of(model).summary, "selection": []}
     for stage in model.stages:
-        if isinstance(stage, UnivariateFeatureSelectorModel):
-            out["selected_features"] = len(stage.selectedFeatures)
-        if isinstance(stage, PCAModel):
-            ev = [round(float(v), 6) for v in stage.explainedVariance.toArray()]
-            out["pca_k"] = len(ev)
-            out["pca_explained_variance"] = ev
-            out["pca_explained_variance_total"] = round(sum(ev), 6)
+        if isinstance(stage, SelectorModel):
+            summary = stage.summary
+            scores = stage.featureScores
+            summary["scores"] = {n: scores[n] for n in summary["selected_names"]}
+            out["selection"].append(summary)
+        if isinstance(stage, CenteredPCAModel):
+            out["pca"] = stage.summary
+    if out["selection"]:
+        out["selected_features"] = out["selection"][-1]["selected_names"]
+    if "pca" in out:
+        out["pca_k"] = out["pca"]["k"]
+        out["pca_explained_variance"] = out["pca"]["explained_variance"]
+        out["pca_explained_variance_total"] = out["pca"]["explained_variance_total"]
     return out

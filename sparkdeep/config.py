@@ -46,7 +46,9 @@ class PrepareConfig:
     holdout_fraction: float = 0.2
     majority_ratio: float = 1.0
     selector_top_fraction: float = 0.8
+    max_correlation: float = 0.95
     pca_k: int = 16
+    pca_variance_target: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class Config:
             ("prepare.holdout_fraction", 0 < self.prepare.holdout_fraction < 1),
             ("prepare.majority_ratio", self.prepare.majority_ratio > 0),
             ("prepare.selector_top_fraction", 0 < self.prepare.selector_top_fraction <= 1),
-            ("prepare.pca_k", self.prepare.pca_k >= 1),
+            ("prepare.max_correlation", 0 < self.prepare.max_correlation <= 1),
+            ("prepare.pca_k", self.prepare.pca_k >= 0),
+            ("prepare.pca_variance_target", 0 < self.prepare.pca_variance_target <= 1),
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
             ("train.batch_size", self.train.batch_size >= 1),

@@ -49,24 +49,28 @@ def hashable_columns(schema: T.StructType) -> list[str]:
     return [f.name for f in schema.fields if not isinstance(f.dataType, T.UserDefinedType)]
 
 
-def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets: dict) -> dict:
+def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tuple[dict, dict]:
     """Per stratum, the largest hash ``t`` such that ``count(h <= t) == target``.
 
-    ``targets`` maps stratum value -> rows wanted (0 keeps none; >= the stratum's size
-    keeps all). Two passes: bucket counts per stratum, then the hashes of each boundary
-    bucket. Returns stratum -> threshold (None = keep none).
+    ``targets`` is a dict stratum -> rows wanted, or a function of the stratum sizes
+    returning one (so the sizes come from the same pass). 0 keeps none; a target at or
+    above the stratum's size keeps all. Two passes: bucket counts per stratum, then the
+    hashes of each boundary bucket only. Returns (stratum -> threshold or None, sizes).
     """
-    n_strata = max(1, len(targets))
+    n_strata = max(1, len(targets)) if isinstance(targets, dict) else 64
     bits = max(4, min(16, 20 - math.ceil(math.log2(n_strata))))
     shift = 64 - bits
     keyed = df.select(stratum.alias("s"), h.alias("h")).withColumn("b", F.shiftright("h", shift))
     hist: dict = {}
     for r in keyed.groupBy("s", "b").count().collect():
         hist.setdefault(r["s"], []).append((r["b"], r["count"]))
+    sizes = {s: sum(c for _, c in buckets) for s, buckets in hist.items()}
+    if callable(targets):
+        targets = targets(sizes)
     out, boundary = {}, {}
     for s, want in targets.items():
         buckets = sorted(hist.get(s, []))
-        total = sum(c for _, c in buckets)
+        total = sizes.get(s, 0)
         if want <= 0:
             out[s] = None
             continue
@@ -89,7 +93,7 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets: dict) -
             hashes.setdefault(r["s"], []).append(r["h"])
         for s, (_, need) in boundary.items():
             out[s] = sorted(hashes[s])[need - 1]
-    return out
+    return out, sizes
 
 
 def threshold_condition(h: Column, stratum: Column, thresholds: dict) -> Column:
@@ -203,11 +207,11 @@ class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultPa
             n = self.getOrDefault(self.targetCount)
             if n < 0:
                 raise ValueError(f"targetCount must be >= 0, got {n}")
-            rows = dataset.count()
+            thresholds, sizes = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.lit(_ALL), {_ALL: n})
+            rows = sizes.get(_ALL, 0)
             if n > rows:
                 raise ValueError(f"targetCount={n} is more than the {rows} rows of the input")
-            t = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.lit(_ALL), {_ALL: n})[_ALL]
-            plan = {"mode": "count", "threshold": t, "rows_in": rows, "rows_out": n}
+            plan = {"mode": "count", "threshold": thresholds[_ALL], "rows_in": rows, "rows_out": n}
         return _finish(self, UniformSamplerModel(hashCols=cols, plan=plan), dataset)
 
 
@@ -277,34 +281,37 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
         if mode not in ("error", "keep"):
             raise ValueError(f"handleInvalid must be 'error' or 'keep', got {mode!r}")
         asked = json.loads(self.getOrDefault(self.fractions if has_f else self.targetCounts))
-        sizes = {r[0]: int(r[1]) for r in dataset.groupBy(col).count().collect()}
-        by_text = {("null" if v is None else str(v)): v for v in sizes}
-        targets, shortfall, unknown = {}, {}, []
-        for key, value in asked.items():
-            if key not in by_text:
-                unknown.append(key)
-                continue
-            s = by_text[key]
-            if has_f:
-                if not 0 <= float(value) <= 1:
-                    raise ValueError(f"fractions[{key!r}] must be in [0, 1], got {value}")
-                want = int(round(float(value) * sizes[s]))
-            else:
-                want = int(value)
-                if want < 0:
-                    raise ValueError(f"targetCounts[{key!r}] must be >= 0, got {want}")
-            if want > sizes[s]:
-                if mode == "error":
-                    raise ValueError(f"stratum {key!r} of {col!r} has {sizes[s]} rows, fewer than the "
-                                     f"{want} asked; set handleInvalid='keep' to take all its rows")
-                shortfall[key] = want - sizes[s]
-                want = sizes[s]
-            targets[s] = want
-        if unknown:
-            raise ValueError(f"strata {unknown} of {col!r} do not occur in the input "
-                             f"(it has {sorted(by_text)[:20]})")
+        shortfall: dict = {}
+        chosen: dict = {}
+
+        def decide(sizes: dict) -> dict:
+            by_text = {("null" if v is None else str(v)): v for v in sizes}
+            unknown = [key for key in asked if key not in by_text]
+            if unknown:
+                raise ValueError(f"strata {unknown} of {col!r} do not occur in the input "
+                                 f"(it has {sorted(by_text)[:20]})")
+            for key, value in asked.items():
+                s = by_text[key]
+                if has_f:
+                    if not 0 <= float(value) <= 1:
+                        raise ValueError(f"fractions[{key!r}] must be in [0, 1], got {value}")
+                    want = int(round(float(value) * sizes[s]))
+                else:
+                    want = int(value)
+                    if want < 0:
+                        raise ValueError(f"targetCounts[{key!r}] must be >= 0, got {want}")
+                if want > sizes[s]:
+                    if mode == "error":
+                        raise ValueError(f"stratum {key!r} of {col!r} has {sizes[s]} rows, fewer than the "
+                                         f"{want} asked; set handleInvalid='keep' to take all its rows")
+                    shortfall[key] = want - sizes[s]
+                    want = sizes[s]
+                chosen[s] = want
+            return chosen
+
         cols = hashable_columns(dataset.schema)
-        thresholds = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(col), targets)
+        thresholds, sizes = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(col), decide)
+        targets = chosen
         plan = {"strata": [{"stratum": s, "rows_in": sizes[s], "rows_out": targets[s],
                             "threshold": thresholds[s]} for s in targets],
                 "shortfall": shortfall,
@@ -380,17 +387,25 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
         if mode not in ("error", "skip"):
             raise ValueError(f"handleInvalid must be 'error' or 'skip', got {mode!r}")
 
-        counts = {r[0]: int(r[1]) for r in dataset.groupBy(label).count().collect()}
-        nulls = counts.pop(None, 0)
-        if nulls and mode == "error":
-            raise ValueError(f"labelCol {label!r} has {nulls} null values; "
-                             "set handleInvalid='skip' to drop and count them")
-        if len(counts) < 2:
-            raise ValueError(f"labelCol {label!r} has {len(counts)} class(es); rebalancing needs two or more")
-        minority = min(counts.values())
-        targets = {c: min(n, int(round(ratio * minority))) for c, n in counts.items()}
+        state: dict = {}
+
+        def decide(sizes: dict) -> dict:
+            counts = dict(sizes)
+            nulls = counts.pop(None, 0)
+            if nulls and mode == "error":
+                raise ValueError(f"labelCol {label!r} has {nulls} null values; "
+                                 "set handleInvalid='skip' to drop and count them")
+            if len(counts) < 2:
+                raise ValueError(f"labelCol {label!r} has {len(counts)} class(es); rebalancing needs two or more")
+            minority = min(counts.values())
+            targets = {c: min(n, int(round(ratio * minority))) for c, n in counts.items()}
+            state.update(counts=counts, nulls=nulls, targets=targets)
+            return targets
+
         cols = hashable_columns(dataset.schema)
-        thresholds = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(label), targets)
+        thresholds, _ = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(label), decide)
+        counts, nulls = state["counts"], state["nulls"]
+        targets = state["targets"]
         n_in, n_out = sum(counts.values()), sum(targets.values())
         stats = [{"label": c, "rows_in": counts[c], "rows_out": targets[c], "threshold": thresholds[c],
                   "weight": (counts[c] / targets[c]) * (n_out / n_in) if targets[c] else 0.0}

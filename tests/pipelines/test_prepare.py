@@ -34,3 +34,16 @@ def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
     report = prep.prepare_report(model)
     assert report["pca_k"] == 5 and 0 < report["pca_explained_variance_total"] <= 1
     assert report["sampler"]["rows_out"] == prepared.count()
+
+
+def test_report_names_selected_features_and_pca_variance(sample):
+    train, _ = prep.split_train_holdout(sample, 0.25, seed=1)
+    model = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=0,
+                                        pca_variance_target=0.8, seed=1).fit(train)
+    report = prep.prepare_report(model)
+    stages = [s["stage"] for s in report["selection"]]
+    assert stages == ["VarianceSelectorModel", "UnivariateSelectorModel", "CorrelationSelectorModel"]
+    names = report["selected_features"]
+    assert names and all(isinstance(n, str) and "[" not in n for n in names)
+    assert any(n.startswith("carrier__ohe") or n.endswith("__imp") for n in names)
+    assert report["pca_explained_variance_total"] >= 0.8
