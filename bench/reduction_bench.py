@@ -76,7 +76,8 @@ def main(argv=None):
                                                   UnivariateSelector, VarianceSelector)
 
     spark = builder(SparkConfig(master="local[2]", settings={
-        "spark.driver.memory": "14g", "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "14g", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+        "spark.driver.maxResultSize": "0", "spark.sql.shuffle.partitions": "4",
         "spark.sql.execution.arrow.pyspark.enabled": "true"}), app_name="bench-reduction").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     df = generate(spark, args.rows, args.features)

@@ -1,6 +1,9 @@
 """Train: Keras on Horovod ranks + the logistic baseline; save both whole pipelines."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import sys
 
 from pyspark.ml import PipelineModel
@@ -19,17 +22,20 @@ def fit_models(spark, cfg, paths) -> tuple[PipelineModel, PipelineModel, dict]:
     prepare_model = PipelineModel.load(paths.model("prepare"))
 
     t = cfg.train
-    estimator = tr.keras_estimator(num_proc=t.num_proc, epochs=t.epochs, batch_size=t.batch_size,
-                                   learning_rate=t.learning_rate, hidden_units=t.hidden_units,
-                                   dropout=t.dropout, seed=cfg.seed)
+    # A run is keyed by the exact training input and settings: a rerun after a kill resumes
+    # its checkpoint; new data or new settings start a new run.
+    settings = hashlib.sha256(json.dumps([dataclasses.asdict(t), cfg.seed], sort_keys=True).encode()).hexdigest()
+    run_id = f"train_prepared-v{version}-{settings[:10]}"
+    estimator = tr.keras_estimator(t, seed=cfg.seed, run_id=run_id, checkpoint_dir=paths.checkpoints)
     keras_model = estimator.fit(train)
     baseline = tr.logistic_baseline(train)
     summary = keras_model.trainingSummary
-    timings = summary["timings_s"]
-    print(f"[train] {t.num_proc} Horovod ranks, {t.epochs} epochs: launch to first step "
-          f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
-          f"fit total {timings['fit_total']:.1f}s", flush=True)
-    report = {"rows_in": train.count(), "train_prepared_version": version, "keras": summary,
+    timings = summary.get("timings_s") or {}
+    if timings:
+        print(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
+              f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
+              f"fit total {timings['fit_total']:.1f}s", flush=True)
+    report = {"rows_in": train.count(), "train_prepared_version": version, "run_id": run_id, "keras": summary,
               "models": {"pipeline": paths.model("pipeline"), "baseline": paths.model("baseline")}}
     return (tr.scoring_pipeline(prepare_model, keras_model),
             tr.scoring_pipeline(prepare_model, baseline), report)

@@ -11,14 +11,19 @@ from .flights import LABEL
 from .prepare import FEATURES, WEIGHT
 
 
-def keras_estimator(*, num_proc: int, epochs: int, batch_size: int, learning_rate: float,
-                    hidden_units, dropout: float, seed: int, staging_dir: str = "") -> KerasHorovodEstimator:
+def keras_estimator(train_cfg, *, seed: int, run_id: str = "", checkpoint_dir: str = "",
+                    staging_dir: str = "") -> KerasHorovodEstimator:
+    """The estimator the train step uses, from the ``train`` section of the config."""
+    t = train_cfg
     return KerasHorovodEstimator(
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
         modelBuilder="sparkdeep.transformers.keras_models:mlp_binary_classifier",
-        modelArgs={"hidden_units": list(hidden_units), "dropout": dropout},
-        numProc=num_proc, epochs=epochs, batchSize=batch_size, learningRate=learning_rate,
-        seed=seed, stagingDir=staging_dir)
+        modelArgs={"hidden_units": list(t.hidden_units), "dropout": t.dropout},
+        numProc=t.num_proc, epochs=t.epochs, batchSize=t.batch_size, learningRate=t.learning_rate,
+        metrics=list(t.metrics), validationFraction=t.validation_fraction,
+        earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
+        compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,
+        runId=run_id, checkpointDir=checkpoint_dir, seed=seed, stagingDir=staging_dir)
 
 
 def logistic_baseline(train: DataFrame):

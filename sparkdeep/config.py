@@ -59,6 +59,13 @@ class TrainConfig:
     learning_rate: float = 0.002
     hidden_units: tuple[int, ...] = (64, 32)
     dropout: float = 0.1
+    metrics: tuple[str, ...] = ("auc", "accuracy")
+    validation_fraction: float = 0.1
+    early_stopping_patience: int = 2
+    accumulation_steps: int = 1
+    compression: str = "none"
+    scale_learning_rate: bool = True
+    warmup_epochs: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,11 @@ class Config:
             ("train.batch_size", self.train.batch_size >= 1),
             ("train.learning_rate", self.train.learning_rate > 0),
             ("train.dropout", 0 <= self.train.dropout < 1),
+            ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
+            ("train.early_stopping_patience", self.train.early_stopping_patience >= 0),
+            ("train.accumulation_steps", self.train.accumulation_steps >= 1),
+            ("train.compression", self.train.compression in ("none", "fp16")),
+            ("train.warmup_epochs", self.train.warmup_epochs >= 0),
         ]
         for key, ok in checks:
             if not ok:

@@ -23,5 +23,9 @@ class Paths:
         return os.path.join(self.root, "reports", f"{name}.json")
 
     @property
+    def checkpoints(self) -> str:
+        return os.path.join(self.root, "checkpoints")
+
+    @property
     def staging(self) -> str:
         return os.path.join(self.root, "staging")

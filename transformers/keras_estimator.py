@@ -93,14 +93,16 @@ class _KerasNetworkParams(Params):
     loss = Param(Params._dummy(), "loss", "Keras loss name", typeConverter=TypeConverters.toString)
     optimizer = Param(Params._dummy(), "optimizer", "Keras optimizer name",
                       typeConverter=TypeConverters.toString)
-    learningRate = Param(Params._dummy(), "learningRate", "learning rate (> 0)",
+    learningRate = Param(Params._dummy(), "learningRate", "learning rate for one rank (> 0)",
                          typeConverter=TypeConverters.toFloat)
+    metrics = Param(Params._dummy(), "metrics", "Keras metric names reported per epoch (e.g. auc, accuracy)",
+                    typeConverter=TypeConverters.toListString)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(modelBuilder="sparkdeep.transformers.keras_models:mlp_binary_classifier",
                          modelArgs="{}", loss="binary_crossentropy", optimizer="adam",
-                         learningRate=0.001)
+                         learningRate=0.001, metrics=[])
 
     def getModelBuilder(self) -> str:
         return self.getOrDefault(self.modelBuilder)
@@ -121,6 +123,17 @@ class _HorovodRunParams(Params):
                    typeConverter=TypeConverters.toInt)
     batchSize = Param(Params._dummy(), "batchSize", "rows per step on each rank, >= 1",
                       typeConverter=TypeConverters.toInt)
+    accumulationSteps = Param(Params._dummy(), "accumulationSteps",
+                              "all-reduce and update every K batches (K >= 1; 1 = every batch)",
+                              typeConverter=TypeConverters.toInt)
+    compression = Param(Params._dummy(), "compression", "gradient compression for the all-reduce: none or fp16",
+                        typeConverter=TypeConverters.toString)
+    scaleLearningRate = Param(Params._dummy(), "scaleLearningRate",
+                              "multiply learningRate by numProc (the effective batch grows with the ranks)",
+                              typeConverter=TypeConverters.toBoolean)
+    warmupEpochs = Param(Params._dummy(), "warmupEpochs",
+                         "epochs over which the learning rate ramps linearly up to its scaled value",
+                         typeConverter=TypeConverters.toFloat)
     stagingDir = Param(Params._dummy(), "stagingDir",
                        "folder for the per-rank Parquet shards, visible to every executor "
                        "('' = a temp folder on the driver, fine for local and one-host clusters)",
@@ -128,7 +141,8 @@ class _HorovodRunParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="")
+        self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="", accumulationSteps=1,
+                         compression="none", scaleLearningRate=True, warmupEpochs=1.0)
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)
@@ -149,31 +163,89 @@ class _HorovodRunParams(Params):
         return self.getOrDefault(self.batchSize)
 
 
+class _ValidationParams(Params):
+    """Held-out rows per rank, and early stopping on their loss."""
+
+    validationFraction = Param(Params._dummy(), "validationFraction",
+                               "share of rows held out for validation, by row hash (0 = none)",
+                               typeConverter=TypeConverters.toFloat)
+    validationCol = Param(Params._dummy(), "validationCol",
+                          "boolean column marking validation rows ('' = use validationFraction)",
+                          typeConverter=TypeConverters.toString)
+    earlyStoppingPatience = Param(Params._dummy(), "earlyStoppingPatience",
+                                  "stop after this many epochs without improvement of val_loss "
+                                  "(loss without validation) and keep the best weights; 0 = off",
+                                  typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(validationFraction=0.0, validationCol="", earlyStoppingPatience=0)
+
+
+class _CheckpointParams(Params):
+    """Per-epoch checkpoints under checkpointDir/runId; fit with the same runId resumes."""
+
+    runId = Param(Params._dummy(), "runId", "names the run's checkpoint folder ('' = no checkpoints)",
+                  typeConverter=TypeConverters.toString)
+    checkpointDir = Param(Params._dummy(), "checkpointDir",
+                          "folder for run checkpoints, visible to the driver and rank 0",
+                          typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(runId="", checkpointDir="")
+
+    def checkpoint_folder(self) -> str | None:
+        run, root = self.getOrDefault(self.runId), self.getOrDefault(self.checkpointDir)
+        if not run:
+            return None
+        if not root:
+            raise ValueError(f"runId {run!r} needs checkpointDir: where should its checkpoints go?")
+        return os.path.join(root, run)
+
+
 # -- estimator ---------------------------------------------------------------------------
 
 class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams, _HorovodRunParams,
-                            HasLabelCol, HasWeightCol, HasSeed):
-    """Train a Keras 3 model on ``numProc`` Horovod ranks launched by Spark."""
+                            _ValidationParams, _CheckpointParams, HasLabelCol, HasWeightCol, HasSeed):
+    """Train a Keras 3 model on ``numProc`` Horovod ranks launched by Spark.
+
+    The network comes from ``model`` (a ``keras.Model``, shipped as ``.keras`` bytes:
+    what a notebook user writes) or from ``modelBuilder`` (``"module:function"`` called
+    with ``input_dim`` and ``modelArgs``: what a job or a saved estimator uses).
+    """
 
     @keyword_only
-    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label",
+    def __init__(self, *, model: Any = None, featuresCol: str = "features", labelCol: str = "label",
                  weightCol: str | None = None, predictionCol: str = "prediction",
                  probabilityCol: str = "probability", modelBuilder: str | None = None,
                  modelArgs: str | dict | None = None, loss: str | None = None,
                  optimizer: str | None = None, learningRate: float | None = None,
-                 numProc: int | None = None, epochs: int | None = None,
-                 batchSize: int | None = None, stagingDir: str | None = None,
-                 seed: int | None = None):
+                 metrics: list[str] | None = None, numProc: int | None = None, epochs: int | None = None,
+                 batchSize: int | None = None, accumulationSteps: int | None = None,
+                 compression: str | None = None, scaleLearningRate: bool | None = None,
+                 warmupEpochs: float | None = None, validationFraction: float | None = None,
+                 validationCol: str | None = None, earlyStoppingPatience: int | None = None,
+                 runId: str | None = None, checkpointDir: str | None = None,
+                 stagingDir: str | None = None, seed: int | None = None):
         super().__init__()
         self._setDefault(seed=42)
+        self._model_bytes: bytes | None = None
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> "KerasHorovodEstimator":
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        if "model" in kwargs:
+            self.setModel(kwargs.pop("model"))
         if isinstance(kwargs.get("modelArgs"), dict):
             kwargs["modelArgs"] = json.dumps(kwargs["modelArgs"], sort_keys=True)
         return self._set(**kwargs)
+
+    def setModel(self, model) -> "KerasHorovodEstimator":
+        """Train this ``keras.Model`` (its architecture and initial weights)."""
+        self._model_bytes = _rank_training.keras_to_bytes(model)
+        return self
 
     def _validate(self, dataset: DataFrame) -> None:
         schema = dataset.schema
@@ -194,11 +266,32 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if self.getLearningRate() <= 0:
             raise ValueError(f"learningRate must be > 0, got {self.getLearningRate()}")
+        if self.getOrDefault(self.accumulationSteps) < 1:
+            raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
+        if self.getOrDefault(self.compression) not in ("none", "fp16"):
+            raise ValueError(f"compression must be 'none' or 'fp16', got {self.getOrDefault(self.compression)!r}")
+        frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
+        if not 0 <= frac < 1:
+            raise ValueError(f"validationFraction must be in [0, 1), got {frac}")
+        if vcol and frac:
+            raise ValueError("set validationCol or validationFraction, not both")
+        if vcol and (vcol not in schema.fieldNames() or not isinstance(schema[vcol].dataType, T.BooleanType)):
+            raise ValueError(f"validationCol {vcol!r} must be a boolean column of the input")
+        if self.getOrDefault(self.earlyStoppingPatience) < 0:
+            raise ValueError("earlyStoppingPatience must be >= 0")
+        self.checkpoint_folder()
+        conf = dataset.sparkSession.sparkContext.getConf()
+        master = conf.get("spark.master", "")
+        retries = int(conf.get("spark.task.maxFailures", "4"))
+        if not master.startswith("local") and retries > 1:
+            raise ValueError(f"spark.task.maxFailures={retries}: a retried task would start a second copy of a "
+                             "Horovod rank; set spark.task.maxFailures=1 for training jobs")
         slots = dataset.sparkSession.sparkContext.defaultParallelism
         if self.getNumProc() > slots:
             raise ValueError(f"numProc={self.getNumProc()} exceeds the {slots} task slots Spark has; "
                              "every rank needs a concurrent task, or the launch would wait forever")
-        _resolve_builder(self.getModelBuilder())
+        if self._model_bytes is None:
+            _resolve_builder(self.getModelBuilder())
         try:
             self.getModelArgs()
         except json.JSONDecodeError as exc:
@@ -217,7 +310,24 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         cols = [feats.alias("features"), F.col(lcol).cast("float").alias("label")]
         if wcol:
             cols.append(F.col(wcol).cast("float").alias("weight"))
+        frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
+        if vcol:
+            cols.append(F.coalesce(F.col(vcol), F.lit(False)).alias("is_validation"))
+        elif frac:
+            h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(lcol))
+            cols.append((F.pmod(h, F.lit(1 << 30)) / float(1 << 30) < frac).alias("is_validation"))
         staged = dataset.select(*cols)
+
+        folder = self.checkpoint_folder()
+        resume = _read_checkpoint(folder) if folder else None
+        if resume and resume["completed_epochs"] >= self.getEpochs():
+            print(f"[train] run {self.getOrDefault(self.runId)!r} already completed "
+                  f"{resume['completed_epochs']} epochs: loading its checkpoint", flush=True)
+            model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
+                                      trainingSummary={"history": resume["history"], "resumed_from_epoch":
+                                                       resume["completed_epochs"], "ranks": [], "timings_s": {}})
+            self._copyValues(model)
+            return model
 
         own_tmp = not self.getOrDefault(self.stagingDir)
         root = tempfile.mkdtemp(prefix="sparkdeep-stage-") if own_tmp else self.getOrDefault(self.stagingDir)
@@ -225,18 +335,32 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         try:
             shards = _stage_shards(staged, stage_dir, num_proc)
             input_dim = _input_dim(shards[0])
-            network = _resolve_builder(self.getModelBuilder())(input_dim, **self.getModelArgs())
+            if self._model_bytes is not None:
+                model_bytes = self._model_bytes
+            else:
+                network = _resolve_builder(self.getModelBuilder())(input_dim, **self.getModelArgs())
+                model_bytes = _rank_training.keras_to_bytes(network)
             spec = {
-                "model_bytes": _rank_training.keras_to_bytes(network),
+                "model_bytes": model_bytes,
                 "shards": shards,
-                "features_col": "features", "label_col": "label",
                 "weight_col": "weight" if wcol else None,
+                "has_validation": bool(vcol or frac),
                 "epochs": self.getEpochs(), "batch_size": self.getBatchSize(),
                 "learning_rate": self.getLearningRate(),
+                "scale_lr": self.getOrDefault(self.scaleLearningRate),
+                "warmup_epochs": self.getOrDefault(self.warmupEpochs),
                 "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss),
+                "metrics": list(self.getOrDefault(self.metrics)),
+                "accumulation_steps": self.getOrDefault(self.accumulationSteps),
+                "compression": self.getOrDefault(self.compression),
+                "early_stopping_patience": self.getOrDefault(self.earlyStoppingPatience),
+                "checkpoint_dir": folder, "resume": resume,
                 "seed": self.getOrDefault(self.seed),
                 "threads": max(1, (os.cpu_count() or 1) // num_proc),
             }
+            if resume:
+                print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
+                      f"{resume['completed_epochs']}", flush=True)
             t_staged = time.time()
             results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc)
         finally:
@@ -248,9 +372,13 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         train_start = min(r["timings"]["train_start"] for r in results)
         summary = {
             "history": chief["history"],
-            "ranks": [{"rank": r["rank"], "rows": r["rows"], "weights_digest": r["weights_digest"]}
-                      for r in results],
+            "ranks": [{"rank": r["rank"], "rows": r["rows"], "validation_rows": r["validation_rows"],
+                       "weights_digest": r["weights_digest"], "allreduce_calls": r["allreduce_calls"],
+                       "allreduce_bytes": r["allreduce_bytes"], "devices": r["devices"]} for r in results],
             "steps_per_epoch": chief["steps_per_epoch"],
+            "updates_per_epoch": chief["updates_per_epoch"],
+            "stopped_early": chief["stopped_early"],
+            "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
             "input_dim": input_dim,
             "timings_s": {
                 "staging": round(t_staged - t_launch, 3),
@@ -262,6 +390,19 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         model = KerasHorovodModel(kerasBytes=chief["model_bytes"], trainingSummary=summary)
         self._copyValues(model)
         return model
+
+
+def _read_checkpoint(folder: str) -> dict | None:
+    """The last completed epoch's checkpoint of a run, or None."""
+    state_path = os.path.join(folder, "state.json")
+    if not os.path.isfile(state_path):
+        return None
+    with open(state_path) as fh:
+        state = json.load(fh)
+    with open(os.path.join(folder, "model.keras"), "rb") as fh:
+        model_bytes = fh.read()
+    return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
+            "model_bytes": model_bytes, "optimizer_path": os.path.join(folder, "optimizer.npz")}
 
 
 def _resolve_builder(spec: str):
@@ -314,8 +455,9 @@ def _cached_keras(digest: str, data: bytes):
 class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
     """A trained Keras network that scores a DataFrame in Arrow batches.
 
-    Adds ``probabilityCol`` (a vector ``[P(0), P(1)]``) and ``predictionCol`` (0.0/1.0
-    at threshold 0.5), like MLlib's binary classifiers.
+    Adds ``probabilityCol`` (a vector of class probabilities: ``[P(0), P(1)]`` for a
+    one-unit sigmoid network, the softmax outputs otherwise) and ``predictionCol`` (the
+    most likely class; threshold 0.5 for binary), like MLlib's classifiers.
     """
 
     def __init__(self, kerasBytes: bytes | None = None, trainingSummary: dict | None = None):
@@ -344,23 +486,30 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
         feats = (vector_to_array(F.col(fcol), "float32")
                  if isinstance(dataset.schema[fcol].dataType, VectorUDT) else F.col(fcol))
 
-        @F.pandas_udf(T.DoubleType())
-        def positive_probability(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        units = int(_cached_keras(digest, data).outputs[0].shape[-1])
+
+        @F.pandas_udf(T.ArrayType(T.DoubleType()))
+        def class_probabilities(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
             net = _cached_keras(digest, shipped.value)
             for batch in batches:
                 if len(batch) == 0:
-                    yield pd.Series([], dtype="float64")
+                    yield pd.Series([], dtype=object)
                     continue
                 x = np.stack(batch.to_numpy()).astype("float32", copy=False)
-                p = np.asarray(net(x, training=False)).reshape(-1).astype("float64")
-                yield pd.Series(p)
+                p = np.asarray(net(x, training=False), dtype="float64").reshape(len(x), -1)
+                if p.shape[1] == 1:  # one sigmoid unit: P(class 1)
+                    p = np.hstack([1.0 - p, p])
+                yield pd.Series(list(p))
 
-        p = positive_probability(feats)
-        out = dataset.withColumn("__p1", p)
-        out = out.withColumn(self.getProbabilityCol(),
-                             array_to_vector(F.array(1.0 - F.col("__p1"), F.col("__p1"))))
-        out = out.withColumn(self.getPredictionCol(), (F.col("__p1") >= 0.5).cast("double"))
-        return out.drop("__p1")
+        probs = class_probabilities(feats)
+        out = dataset.withColumn("__p", probs)
+        out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
+        if units == 1:
+            pred = (F.col("__p")[1] >= 0.5).cast("double")
+        else:
+            pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
+        out = out.withColumn(self.getPredictionCol(), pred)
+        return out.drop("__p")
 
     # -- persistence: JSON metadata + model/model.keras (no pickle) --
     def write(self) -> MLWriter:

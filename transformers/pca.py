@@ -139,7 +139,7 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         return model
 
 
-def centred_scatter(df: DataFrame, col: str, p: int) -> tuple[int, np.ndarray, np.ndarray, int]:
+def centred_scatter(df: DataFrame, col: str, p: int | None = None, values=None) -> tuple[int, np.ndarray, np.ndarray, int]:
     """One pass: (valid rows, mean, centred scatter matrix, invalid rows).
 
     Each partition reduces its Arrow batches with numpy (BLAS matrix products, no
@@ -152,15 +152,15 @@ def centred_scatter(df: DataFrame, col: str, p: int) -> tuple[int, np.ndarray, n
     from pyspark.ml.functions import vector_to_array
 
     def per_partition(batches):
-        n, bad = 0, 0
-        mean, scatter = np.zeros(p), np.zeros((p, p))
+        n, bad, mean, scatter = 0, 0, None, None
         for batch in batches:
             arr = batch.column(0)
             bad += arr.null_count
             valid = arr.drop_null() if arr.null_count else arr
             if not len(valid):
                 continue
-            x = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), p)
+            flat = valid.flatten().to_numpy(zero_copy_only=False)
+            x = flat.reshape(len(valid), p or flat.size // len(valid))
             ok = np.isfinite(x).all(axis=1)
             if not ok.all():
                 bad += int((~ok).sum())
@@ -168,17 +168,24 @@ def centred_scatter(df: DataFrame, col: str, p: int) -> tuple[int, np.ndarray, n
             if not len(x):
                 continue
             n, mean, scatter = _merge(n, mean, scatter, *_moments(x))
-        yield pa.RecordBatch.from_pydict({"n": [n], "bad": [bad], "mean": [mean.tolist()],
-                                          "scatter": [scatter.ravel().tolist()]})
+        yield pa.RecordBatch.from_pydict({
+            "n": [n], "bad": [bad], "mean": [[] if mean is None else mean.tolist()],
+            "scatter": [[] if scatter is None else scatter.ravel().tolist()]})
 
-    parts = (df.select(F.when(F.col(col).isNotNull(), vector_to_array(F.col(col))).alias("v"))
+    if values is None:
+        values = F.when(F.col(col).isNotNull(), vector_to_array(F.col(col)))
+    parts = (df.select(values.alias("v"))
              .mapInArrow(per_partition, "n long, bad long, mean array<double>, scatter array<double>"))
-    n, bad, mean, scatter = 0, 0, np.zeros(p), np.zeros((p, p))
+    n, bad, mean, scatter = 0, 0, None, None
     for row in parts.toLocalIterator():
         bad += row["bad"]
         if row["n"]:
-            n, mean, scatter = _merge(n, mean, scatter, row["n"], np.asarray(row["mean"]),
-                                      np.asarray(row["scatter"]).reshape(p, p))
+            m = np.asarray(row["mean"])
+            n, mean, scatter = _merge(n, mean, scatter, row["n"], m,
+                                      np.asarray(row["scatter"]).reshape(len(m), len(m)))
+    if mean is None:
+        size = p or 0
+        mean, scatter = np.zeros(size), np.zeros((size, size))
     return n, mean, scatter, bad
 
 

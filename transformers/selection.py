@@ -124,10 +124,12 @@ class _SelectorBase(Estimator, _SelectorParams):
 
     _model_class: type = SelectorModel
 
-    def _names(self, dataset: DataFrame) -> list[str]:
+    def _names(self, dataset: DataFrame, size: int | None = None) -> list[str]:
+        """Input feature names; pass ``size`` when a statistic already told it, which saves
+        a job when the column carries no ML attributes."""
         self._check_io(dataset)
         col = self.getFeaturesCol()
-        return feature_names(dataset.schema, col, vector_size(dataset, col))
+        return feature_names(dataset.schema, col, size if size is not None else vector_size(dataset, col))
 
     def _compute(self, dataset: DataFrame, fn) -> tuple[Any, int]:
         """Run ``fn(df) -> (result, finite)`` once; look for invalid rows only if the result
@@ -184,7 +186,7 @@ class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritab
         t = self.getOrDefault(self.varianceThreshold)
         if t < 0:
             raise ValueError(f"varianceThreshold must be >= 0, got {t}")
-        names = self._names(dataset)
+        self._check_io(dataset)
         col = self.getFeaturesCol()
 
         def variances(df):
@@ -193,6 +195,7 @@ class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritab
             return var, bool(np.isfinite(var).all())
 
         var, skipped = self._compute(dataset, variances)
+        names = self._names(dataset, len(var))
         return self._make(np.flatnonzero(var > t), names, var, skipped)
 
 
@@ -327,16 +330,16 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
         if mode not in ("numTopFeatures", "percentile", "fpr", "fdr", "fwe"):
             raise ValueError(f"selectionMode {mode!r} is not one of numTopFeatures, percentile, fpr, fdr, fwe")
         require_numeric(dataset.schema, self.getLabelCol())
-        names = self._names(dataset)
-        n_features = len(names)
-        if mode == "numTopFeatures" and threshold > n_features:
-            raise ValueError(f"selectionThreshold (numTopFeatures) = {int(threshold)} is larger than the "
-                             f"{n_features} features of {self.getFeaturesCol()!r}")
+        self._check_io(dataset)
         def run(df):
             stats, p = univariate_test(df, self.getFeaturesCol(), self.getLabelCol(), _TESTS[kind])
             return (stats, p), bool(np.isfinite(stats).all())
 
         (stats, p_values), skipped = self._compute(dataset, run)
+        names = self._names(dataset, len(stats))
+        if mode == "numTopFeatures" and threshold > len(names):
+            raise ValueError(f"selectionThreshold (numTopFeatures) = {int(threshold)} is larger than the "
+                             f"{len(names)} features of {self.getFeaturesCol()!r}")
         selected = select_by_pvalue(p_values, stats, mode, threshold)
         model = self._make(selected, names, stats, skipped)
         model._set(pValues=json.dumps([_finite_or_none(p) for p in p_values]))
@@ -407,14 +410,15 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
         if not 0 < limit <= 1:
             raise ValueError(f"maxCorrelation must be in (0, 1], got {limit}")
         require_numeric(dataset.schema, self.getLabelCol())
-        names = self._names(dataset)
-        p = len(names)
+        self._check_io(dataset)
 
         def run(df):
             c = correlation_with_label(df, self.getFeaturesCol(), self.getLabelCol())
             return c, bool(np.isfinite(c).all())
 
         corr, skipped = self._compute(dataset, run)
+        p = corr.shape[0] - 1
+        names = self._names(dataset, p)
         feat, to_label = corr[:p, :p], np.abs(corr[:p, p])
         if not np.isfinite(corr[p, :p]).any():
             raise ValueError(f"labelCol {self.getLabelCol()!r} is constant: correlation with it is undefined")
@@ -437,12 +441,25 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
 
 
 def correlation_with_label(df: DataFrame, features: str, label: str) -> np.ndarray:
-    """The (p+1) x (p+1) Pearson matrix of the features and the label (MLlib, on the JVM)."""
-    from pyspark.ml.feature import VectorAssembler
-    from pyspark.ml.stat import Correlation
-    both = VectorAssembler(inputCols=[features, label], outputCol="__fl", handleInvalid="error") \
-        .transform(df.select(features, F.col(label).cast("double").alias(label)))
-    return Correlation.corr(both, "__fl", "pearson").first()[0].toArray()
+    """The (p+1) x (p+1) Pearson matrix of the features and the label, from one pass of
+    :func:`~sparkdeep.transformers.pca.centred_scatter` (numpy per Arrow batch). NaN
+    where a column is constant; rows with non-finite values are left out."""
+    from pyspark.ml.functions import vector_to_array
+
+    from .pca import centred_scatter
+    values = F.when(F.col(features).isNotNull() & F.col(label).isNotNull(),
+                    F.concat(vector_to_array(F.col(features)), F.array(F.col(label).cast("double"))))
+    _, _, scatter, bad = centred_scatter(df, features, values=values)
+    std = np.sqrt(np.diag(scatter))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        corr = scatter / np.outer(std, std)
+    corr[std == 0, :] = np.nan
+    corr[:, std == 0] = np.nan
+    np.fill_diagonal(corr, 1.0)
+    if bad:  # signal invalid rows to the caller, which handles them per handleInvalid
+        corr = corr.copy()
+        corr[0, 0] = np.nan
+    return corr
 
 
 # -- model importance ------------------------------------------------------------------------

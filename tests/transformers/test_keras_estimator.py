@@ -106,3 +106,120 @@ def test_two_ranks_train_identical_replicas_that_learn(cancer, spark):
     # Used inside a Pipeline like any MLlib estimator.
     fitted = Pipeline(stages=[KerasHorovodEstimator(numProc=2, epochs=1, batchSize=64)]).fit(cancer)
     assert fitted.transform(cancer).where(F.col("prediction").isNull()).count() == 0
+
+
+# -- issue 4: update strategies, validation, checkpoints, failure --------------------------
+
+def _auc(model, df):
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    scored = model.transform(df).withColumn("p", vector_to_array("probability")[1])
+    return BinaryClassificationEvaluator(rawPredictionCol="p", labelCol="label").evaluate(scored)
+
+
+def _estimator(**kw):
+    base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=3, batchSize=32,
+                learningRate=0.005, modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=2)
+    base.update(kw)
+    return KerasHorovodEstimator(**base)
+
+
+@pytest.mark.slow
+def test_accumulation_and_fp16_change_what_is_communicated_and_converge(cancer):
+    plain = _estimator().fit(cancer).trainingSummary
+    accumulated = _estimator(accumulationSteps=4).fit(cancer)
+    s = accumulated.trainingSummary
+    # K=4: one all-reduce per 4 batches.
+    assert s["ranks"][0]["allreduce_calls"] == 3 * s["updates_per_epoch"] == 3 * (s["steps_per_epoch"] // 4)
+    assert s["ranks"][0]["allreduce_calls"] * 4 == plain["ranks"][0]["allreduce_calls"]
+    assert _auc(accumulated, cancer) > 0.95
+    fp16 = _estimator(compression="fp16").fit(cancer)
+    f = fp16.trainingSummary
+    assert f["ranks"][0]["allreduce_calls"] == plain["ranks"][0]["allreduce_calls"]
+    assert f["ranks"][0]["allreduce_bytes"] * 2 == plain["ranks"][0]["allreduce_bytes"]  # half the bytes
+    assert len({r["weights_digest"] for r in f["ranks"]}) == 1
+    assert _auc(fp16, cancer) > 0.95
+
+
+@pytest.mark.slow
+def test_validation_metrics_early_stopping_and_timing_breakdown(cancer):
+    model = _estimator(epochs=30, validationFraction=0.25, metrics=["auc", "accuracy"],
+                       earlyStoppingPatience=2, learningRate=0.05).fit(cancer)
+    s = model.trainingSummary
+    last = s["history"][-1]
+    for key in ("loss", "auc", "accuracy", "val_loss", "val_auc", "val_accuracy",
+                "input_s", "compute_s", "allreduce_s", "samples_per_s"):
+        assert key in last, key
+    assert sum(r["validation_rows"] for r in s["ranks"]) > 100
+    assert s["stopped_early"] and len(s["history"]) < 30
+    # Warm-up: the first epoch ramps towards numProc x learningRate.
+    assert s["history"][0]["learning_rate"] == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, monkeypatch):
+    from sparkdeep.distributed import RankFailedError
+    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    est = _estimator(epochs=4, runId="run-a", checkpointDir=str(tmp_path))
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "0:2")
+    with pytest.raises(RankFailedError, match="rank 0 failed: RuntimeError: injected failure after epoch 2"):
+        est.fit(cancer)
+    monkeypatch.delenv(FAIL_AT_EPOCH_ENV)
+    model = est.fit(cancer)
+    s = model.trainingSummary
+    assert s["resumed_from_epoch"] == 2
+    assert [h["epoch"] for h in s["history"]] == [1, 2, 3, 4]
+    # A finished run is not trained again.
+    again = est.fit(cancer)
+    assert again.trainingSummary["resumed_from_epoch"] == 4 and again.kerasBytes == model.kerasBytes
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
+    import time
+    from sparkdeep.distributed import RankFailedError
+    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "1:1:exit")
+    t0 = time.time()
+    with pytest.raises(RankFailedError) as err:
+        _estimator(epochs=3).fit(cancer)
+    assert err.value.rank == 1
+    assert time.time() - t0 < 240
+
+
+@pytest.mark.slow
+def test_spark_training_matches_a_single_process_run(cancer):
+    """Two ranks with averaged gradients behave like one process with the same global
+    batch and learning rate: same quality within tolerance."""
+    import keras
+    x = np.array([r[0] for r in cancer.orderBy("id").select(vector_to_array("features", "float32")).collect()])
+    y = np.array([r[0] for r in cancer.orderBy("id").select("label").collect()], dtype="float32")
+    keras.utils.set_random_seed(2)
+    net = mlp_binary_classifier(30, hidden_units=(16,), dropout=0.0)
+    net.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    hist = net.fit(x, y, batch_size=64, epochs=5, verbose=0, shuffle=True)
+    from sklearn.metrics import roc_auc_score
+    single_auc = roc_auc_score(y, net.predict(x, verbose=0).ravel())
+    spark_model = _estimator(epochs=5, warmupEpochs=0.0).fit(cancer)
+    spark_loss = spark_model.trainingSummary["history"][-1]["loss"]
+    assert abs(_auc(spark_model, cancer) - single_auc) < 0.02
+    assert spark_loss == pytest.approx(hist.history["loss"][-1], abs=0.05)
+
+
+@pytest.mark.slow
+def test_multiclass_softmax_model_scores_class_probabilities(spark):
+    from sklearn.datasets import load_digits
+    from pyspark.ml.feature import VectorAssembler
+    d = load_digits()
+    rows = [(i, float(t), *map(float, r / 16.0)) for i, (r, t) in enumerate(zip(d.data, d.target))]
+    df = spark.createDataFrame(rows, ["id", "label"] + [f"p{j}" for j in range(64)])
+    df = VectorAssembler(inputCols=[f"p{j}" for j in range(64)], outputCol="features").transform(df) \
+        .select("id", "label", "features").cache()
+    model = KerasHorovodEstimator(modelBuilder="sparkdeep.transformers.keras_models:mlp_classifier",
+                                  modelArgs={"num_classes": 10, "hidden_units": [32], "dropout": 0.0},
+                                  loss="sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"],
+                                  numProc=2, epochs=8, batchSize=32, learningRate=0.005).fit(df)
+    scored = model.transform(df)
+    probs = np.array([r[0] for r in scored.select(vector_to_array("probability")).collect()])
+    assert probs.shape == (len(d.target), 10) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    acc = scored.where("prediction = label").count() / scored.count()
+    assert acc > 0.9
