@@ -10,6 +10,7 @@ the surviving ranks when one exits, so a failure cannot hang the driver.
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 import threading
@@ -17,6 +18,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 _MARKER = "SPARKDEEP-RANK-FAILED"
+_FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
 _MARKER_RE = re.compile(_MARKER + r" rank=(\d+) error=(.*)")
 
 
@@ -71,10 +73,14 @@ _COLLATERAL = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadca
                "HorovodAllgather", "Gloo", "gloo", "connection closed by peer")
 
 
+def _is_collateral(message: str) -> bool:
+    return any(marker in message for marker in _COLLATERAL)
+
+
 def _root_cause(failures: list[tuple[int, str]]) -> tuple[int, str]:
     """The first failure, in arrival order, that is not a consequence of another."""
     for rank, message in failures:
-        if not any(marker in message for marker in _COLLATERAL):
+        if not _is_collateral(message):
             return rank, message
     return failures[0]
 
@@ -94,15 +100,27 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     """
     import horovod.spark
 
+    # Ranks start from the executor's environment; forward the driver's settings that
+    # steer training (ours, Horovod's, TensorFlow's, NCCL's), plus any ``env`` given.
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)}
+    forwarded.update(env or {})
     out = _Tee(stdout or sys.stdout)
     err = _Tee(stderr or sys.stderr)
     try:
         return horovod.spark.run(_rank_entry, args=(fn, tuple(args), dict(kwargs or {})),
                                  num_proc=num_proc, start_timeout=start_timeout,
-                                 use_gloo=True, env=env, verbose=verbose,
+                                 use_gloo=True, env=forwarded, verbose=verbose,
                                  stdout=out, stderr=err)
     except Exception as exc:
         failures = err.failures + out.failures
+        exited = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(exc))
+        marked = {r for r, _ in failures}
+        if exited and int(exited.group(1)) not in marked and all(_is_collateral(m) for _, m in failures):
+            # The first rank to exit left no Python error: it was killed or exited hard;
+            # the others only failed because it was gone.
+            rank = int(exited.group(1))
+            raise RankFailedError(rank, f"process exited with code {exited.group(2)} without a Python "
+                                        "exception (killed, out of memory, or os._exit)") from exc
         if failures:
             rank, message = _root_cause(failures)
             others = sorted({r for r, _ in failures if r != rank})
