@@ -195,3 +195,31 @@ def test_stages_work_in_pipeline_crossvalidator_and_trainvalidationsplit(cancer)
     assert max(cv.avgMetrics) > 0.9
     tvs = TrainValidationSplit(estimator=pipe, estimatorParamMaps=grid, evaluator=evaluator, seed=1).fit(df)
     assert tvs.bestModel.transform(df).count() == df.count()
+
+
+def test_remaining_stages_round_trip_in_new_process(cancer, tmp_path):
+    """Univariate, correlation and missing-rate selectors and the uniform and stratified
+    samplers, chained in one PipelineModel, reload in a fresh process with identical output."""
+    from pyspark.ml import PipelineModel
+    from sparkdeep.transformers.sampling import StratifiedSampler, UniformSampler
+    df, *_ = cancer
+    stages = Pipeline(stages=[
+        UniformSampler(targetCount=400, seed=1),
+        StratifiedSampler(stratumCol="label", fractions={"0.0": 0.5, "1.0": 0.5}),
+        MissingRateSelector(outputCol="complete"),
+        UnivariateSelector(featuresCol="complete", outputCol="informative", selectionThreshold=12),
+        CorrelationSelector(featuresCol="informative", outputCol="selected", maxCorrelation=0.9),
+    ]).fit(df).stages
+    chained = PipelineModel(stages)
+    path = str(tmp_path / "chain")
+    chained.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    assert [type(s).__name__ for s in loaded.stages] == [type(s).__name__ for s in stages]
+    assert loaded.stages[1].summary == stages[1].summary
+    assert loaded.stages[4].selectedFeatureNames == stages[4].selectedFeatureNames
+    expected = chained.transform(df).select("id", "selected")
+    assert expected.count() == df.count()  # the samplers pass every row through when scoring
+    from ._roundtrip import transform_in_new_process
+    # transform_in_new_process wraps one stage; wrap the whole chain as that stage.
+    again = transform_in_new_process(chained, df, tmp_path, ["id", "selected"])
+    assertDataFrameEqual(again, expected)
