@@ -73,8 +73,12 @@ def feed_ratio(rows, features, batch, epochs=2):
             t2 = time.perf_counter()
             return steps / (t2 - t1), steps / (t2 - t0)
 
-        shard_sps, shard_sps_incl_read = run(lambda: read_shard(path, "features", "label", None)[:2])
+        # Alternate the two and keep each one's best, so neither pays the warm-up alone.
         mem_sps, _ = run(lambda: (x, y))
+        shard_sps, shard_sps_incl_read = run(lambda: read_shard(path, "features", "label", None)[:2])
+        mem_sps = max(mem_sps, run(lambda: (x, y))[0])
+        again = run(lambda: read_shard(path, "features", "label", None)[:2])
+        shard_sps, shard_sps_incl_read = max(shard_sps, again[0]), max(shard_sps_incl_read, again[1])
     return {"shard_steps_per_s": round(shard_sps, 1), "memory_steps_per_s": round(mem_sps, 1),
             "ratio": round(shard_sps / mem_sps, 3),
             "shard_steps_per_s_including_read": round(shard_sps_incl_read, 1)}
@@ -111,8 +115,9 @@ def main(argv=None):
                    (F.col("x")[0] + F.randn(99) * 0.5 > 0).cast("double").alias("label")).cache()
     df.count()
 
-    def fit(num_proc):
+    def fit(num_proc, accumulation=1):
         est = KerasHorovodEstimator(numProc=num_proc, epochs=args.epochs, batchSize=args.batch,
+                                    accumulationSteps=accumulation,
                                     learningRate=0.001, scaleLearningRate=False, warmupEpochs=0.0,
                                     modelArgs={"hidden_units": [64, 32], "dropout": 0.0})
         t0 = time.time()
@@ -127,10 +132,14 @@ def main(argv=None):
         return float(np.mean([h["samples_per_s"] for h in hist]))
 
     s1, s2 = sps(one), sps(two)
+    accumulated, _ = fit(2, accumulation=8)
+    s2k = sps(accumulated)
     breakdown = {k: round(float(np.sum([h[k] for h in two.trainingSummary["history"]])), 3)
                  for k in ("input_s", "compute_s", "allreduce_s")}
     results["scaling"] = {"samples_per_s_1_rank": round(s1, 1), "samples_per_s_2_ranks": round(s2, 1),
-                          "ratio": round(s2 / (2 * s1), 3), "two_rank_time_breakdown_s": breakdown}
+                          "ratio": round(s2 / (2 * s1), 3), "two_rank_time_breakdown_s": breakdown,
+                          "samples_per_s_2_ranks_accumulation_8": round(s2k, 1),
+                          "ratio_with_accumulation_8": round(s2k / (2 * s1), 3)}
     print("scaling", results["scaling"], flush=True)
 
     t = two.trainingSummary["timings_s"]
@@ -149,7 +158,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     net.predict(x, verbose=0, batch_size=10000)
     predict_rps = len(x) / (time.perf_counter() - t0)
-    two.transform(df.limit(1000)).write.format("noop").mode("overwrite").save()  # warm the workers
+    # Warm every Python worker (TensorFlow import + model load happen once per worker).
+    two.transform(df).write.format("noop").mode("overwrite").save()
     t0 = time.perf_counter()
     two.transform(df).write.format("noop").mode("overwrite").save()
     transform_rps = args.rows / (time.perf_counter() - t0)

@@ -488,26 +488,36 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
 
         units = int(_cached_keras(digest, data).outputs[0].shape[-1])
 
-        @F.pandas_udf(T.ArrayType(T.DoubleType()))
-        def class_probabilities(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        def predict_batches(batches):
             net = _cached_keras(digest, shipped.value)
             for batch in batches:
                 if len(batch) == 0:
-                    yield pd.Series([], dtype=object)
+                    yield batch, None
                     continue
                 x = np.stack(batch.to_numpy()).astype("float32", copy=False)
-                p = np.asarray(net(x, training=False), dtype="float64").reshape(len(x), -1)
-                if p.shape[1] == 1:  # one sigmoid unit: P(class 1)
-                    p = np.hstack([1.0 - p, p])
-                yield pd.Series(list(p))
+                yield batch, np.asarray(net(x, training=False), dtype="float64").reshape(len(x), -1)
 
-        probs = class_probabilities(feats)
-        out = dataset.withColumn("__p", probs)
-        out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
         if units == 1:
-            pred = (F.col("__p")[1] >= 0.5).cast("double")
-        else:
-            pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
+            # One sigmoid unit: ship back one double per row; the JVM builds the vector.
+            @F.pandas_udf(T.DoubleType())
+            def positive_probability(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+                for batch, p in predict_batches(batches):
+                    yield pd.Series([], dtype="float64") if p is None else pd.Series(p[:, 0])
+
+            out = dataset.withColumn("__p1", positive_probability(feats))
+            out = out.withColumn(self.getProbabilityCol(),
+                                 array_to_vector(F.array(1.0 - F.col("__p1"), F.col("__p1"))))
+            out = out.withColumn(self.getPredictionCol(), (F.col("__p1") >= 0.5).cast("double"))
+            return out.drop("__p1")
+
+        @F.pandas_udf(T.ArrayType(T.DoubleType()))
+        def class_probabilities(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+            for batch, p in predict_batches(batches):
+                yield pd.Series([], dtype=object) if p is None else pd.Series(list(p))
+
+        out = dataset.withColumn("__p", class_probabilities(feats))
+        out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
+        pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
         out = out.withColumn(self.getPredictionCol(), pred)
         return out.drop("__p")
 

@@ -7,8 +7,7 @@ persistence and needs nothing pickled.
 from __future__ import annotations
 
 
-def mlp_binary_classifier(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1):
-    """A ReLU MLP ending in one sigmoid unit: P(label = 1)."""
+def _mlp(input_dim: int, hidden_units, dropout: float, outputs: int, activation: str, name: str):
     import keras
 
     inputs = keras.Input(shape=(int(input_dim),), name="features")
@@ -17,20 +16,16 @@ def mlp_binary_classifier(input_dim: int, hidden_units=(64, 32), dropout: float 
         x = keras.layers.Dense(int(units), activation="relu", name=f"dense_{i}")(x)
         if dropout:
             x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
-    outputs = keras.layers.Dense(1, activation="sigmoid", name="probability")(x)
-    return keras.Model(inputs, outputs, name="mlp_binary_classifier")
+    out = keras.layers.Dense(int(outputs), activation=activation, name="probabilities")(x)
+    return keras.Model(inputs, out, name=name)
+
+
+def mlp_binary_classifier(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1):
+    """A ReLU MLP ending in one sigmoid unit: P(label = 1)."""
+    return _mlp(input_dim, hidden_units, dropout, 1, "sigmoid", "mlp_binary_classifier")
 
 
 def mlp_classifier(input_dim: int, num_classes: int, hidden_units=(64, 32), dropout: float = 0.1):
     """A ReLU MLP ending in ``num_classes`` softmax units (train with
     ``loss='sparse_categorical_crossentropy'`` and integer labels 0..num_classes-1)."""
-    import keras
-
-    inputs = keras.Input(shape=(int(input_dim),), name="features")
-    x = inputs
-    for i, units in enumerate(hidden_units):
-        x = keras.layers.Dense(int(units), activation="relu", name=f"dense_{i}")(x)
-        if dropout:
-            x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
-    outputs = keras.layers.Dense(int(num_classes), activation="softmax", name="probabilities")(x)
-    return keras.Model(inputs, outputs, name="mlp_classifier")
+    return _mlp(input_dim, hidden_units, dropout, num_classes, "softmax", "mlp_classifier")
