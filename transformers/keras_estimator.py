@@ -3,7 +3,7 @@
 ``KerasHorovodEstimator.fit(df)`` stages ``df`` as ``numProc`` Parquet shards, starts
 ``numProc`` Horovod ranks as Spark tasks (Gloo ring all-reduce), each reading only its
 own shard, and returns a :class:`KerasHorovodModel` holding the trained network as
-``.keras`` bytes. The model scores with an iterator pandas UDF over Arrow batches and
+``.keras`` bytes. The model scores whole Arrow batches with ``mapInArrow`` and
 saves through MLlib persistence: JSON metadata plus ``model/model.keras``.
 
 Example
@@ -23,10 +23,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -484,42 +483,46 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
         shipped = spark.sparkContext.broadcast(data)
         fcol = self.getFeaturesCol()
         feats = (vector_to_array(F.col(fcol), "float32")
-                 if isinstance(dataset.schema[fcol].dataType, VectorUDT) else F.col(fcol))
+                 if isinstance(dataset.schema[fcol].dataType, VectorUDT) else F.col(fcol).cast("array<float>"))
 
         units = int(_cached_keras(digest, data).outputs[0].shape[-1])
+        binary = units == 1
+        staged = dataset.withColumn("__x", feats)
+        x_index = staged.columns.index("__x")
+        out_field = T.StructField("__p", T.DoubleType() if binary else T.ArrayType(T.DoubleType()))
+        schema = T.StructType(staged.schema.fields + [out_field])
 
-        def predict_batches(batches):
+        def score(batches):
+            """Arrow batches: features as one zero-copy float matrix, no per-row objects."""
+            import pyarrow as pa
             net = _cached_keras(digest, shipped.value)
             for batch in batches:
-                if len(batch) == 0:
-                    yield batch, None
-                    continue
-                x = np.stack(batch.to_numpy()).astype("float32", copy=False)
-                yield batch, np.asarray(net(x, training=False), dtype="float64").reshape(len(x), -1)
+                n = batch.num_rows
+                col = batch.column(x_index)
+                if col.null_count:
+                    raise ValueError(f"featuresCol {fcol!r} has {col.null_count} null rows in a batch; "
+                                     "drop or fill them before scoring")
+                if n:
+                    x = col.flatten().to_numpy(zero_copy_only=False).astype("float32", copy=False).reshape(n, -1)
+                    p = np.asarray(net(x, training=False), dtype="float64").reshape(n, -1)
+                else:
+                    p = np.zeros((0, units))
+                if binary:
+                    arr = pa.array(p[:, 0])
+                else:
+                    arr = pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), units).cast(pa.list_(pa.float64()))
+                yield pa.RecordBatch.from_arrays(list(batch.columns) + [arr],
+                                                 names=list(batch.schema.names) + ["__p"])
 
-        if units == 1:
-            # One sigmoid unit: ship back one double per row; the JVM builds the vector.
-            @F.pandas_udf(T.DoubleType())
-            def positive_probability(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
-                for batch, p in predict_batches(batches):
-                    yield pd.Series([], dtype="float64") if p is None else pd.Series(p[:, 0])
-
-            out = dataset.withColumn("__p1", positive_probability(feats))
-            out = out.withColumn(self.getProbabilityCol(),
-                                 array_to_vector(F.array(1.0 - F.col("__p1"), F.col("__p1"))))
-            out = out.withColumn(self.getPredictionCol(), (F.col("__p1") >= 0.5).cast("double"))
-            return out.drop("__p1")
-
-        @F.pandas_udf(T.ArrayType(T.DoubleType()))
-        def class_probabilities(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
-            for batch, p in predict_batches(batches):
-                yield pd.Series([], dtype=object) if p is None else pd.Series(list(p))
-
-        out = dataset.withColumn("__p", class_probabilities(feats))
-        out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
-        pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
-        out = out.withColumn(self.getPredictionCol(), pred)
-        return out.drop("__p")
+        out = staged.mapInArrow(score, schema).drop("__x")
+        if binary:
+            # One sigmoid unit gives P(1); the JVM builds the probability vector.
+            out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.array(1.0 - F.col("__p"), F.col("__p"))))
+            pred = (F.col("__p") >= 0.5).cast("double")
+        else:
+            out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
+            pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
+        return out.withColumn(self.getPredictionCol(), pred).drop("__p")
 
     # -- persistence: JSON metadata + model/model.keras (no pickle) --
     def write(self) -> MLWriter:
