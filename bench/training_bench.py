@@ -84,37 +84,7 @@ def feed_ratio(rows, features, batch, epochs=2):
             "shard_steps_per_s_including_read": round(shard_sps_incl_read, 1)}
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, default=400_000)
-    p.add_argument("--features", type=int, default=32)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "training.json"))
-    args = p.parse_args(argv)
-    results: dict = {}
-
-    results["feed"] = feed_ratio(min(args.rows, 200_000), args.features, args.batch)
-    print("feed", results["feed"], flush=True)
-
-    from pyspark.ml.functions import array_to_vector
-    from pyspark.sql import functions as F
-
-    from sparkdeep.config import SparkConfig
-    from sparkdeep.session import builder
-    from sparkdeep.transformers._rank_training import keras_from_bytes
-    from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
-
-    spark = builder(SparkConfig(master="local[2]", settings={
-        "spark.driver.memory": "8g", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-        "spark.task.maxFailures": "1", "spark.sql.shuffle.partitions": "4"}), app_name="bench-training").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    cols = [F.randn(10 + j) for j in range(args.features)]
-    df = spark.range(args.rows, numPartitions=4).select(F.array(*cols).alias("x"))
-    df = df.select(array_to_vector("x").alias("features"),
-                   (F.col("x")[0] + F.randn(99) * 0.5 > 0).cast("double").alias("label")).cache()
-    df.count()
-
+def run_training_benches(df, args, results, KerasHorovodEstimator):
     def fit(num_proc, accumulation=1):
         est = KerasHorovodEstimator(numProc=num_proc, epochs=args.epochs, batchSize=args.batch,
                                     accumulationSteps=accumulation,
@@ -149,6 +119,53 @@ def main(argv=None):
                                   "overhead_s": round(overhead, 2),
                                   "share_of_2_minute_job": round(overhead / 120.0, 3)}
     print("launch", results["launch_overhead"], flush=True)
+
+    return two
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=400_000)
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--only", choices=["all", "scoring"], default="all",
+                   help="scoring: only the scoring ratio, with an untrained network of the same shape")
+    p.add_argument("--out", default=None, help="default: bench/results/training.json (training-scoring.json with --only scoring)")
+    args = p.parse_args(argv)
+    name = "training.json" if args.only == "all" else "training-scoring.json"
+    args.out = args.out or os.path.join(os.path.dirname(__file__), "results", name)
+    results: dict = {}
+
+    if args.only == "all":
+        results["feed"] = feed_ratio(min(args.rows, 200_000), args.features, args.batch)
+        print("feed", results["feed"], flush=True)
+
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    from sparkdeep.config import SparkConfig
+    from sparkdeep.session import builder
+    from sparkdeep.transformers._rank_training import keras_from_bytes
+    from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+
+    spark = builder(SparkConfig(master="local[2]", settings={
+        "spark.driver.memory": "8g", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+        "spark.task.maxFailures": "1", "spark.sql.shuffle.partitions": "4"}), app_name="bench-training").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    cols = [F.randn(10 + j) for j in range(args.features)]
+    df = spark.range(args.rows, numPartitions=4).select(F.array(*cols).alias("x"))
+    df = df.select(array_to_vector("x").alias("features"),
+                   (F.col("x")[0] + F.randn(99) * 0.5 > 0).cast("double").alias("label")).cache()
+    df.count()
+
+    if args.only == "all":
+        two = run_training_benches(df, args, results, KerasHorovodEstimator)
+    else:
+        from sparkdeep.transformers._rank_training import keras_to_bytes
+        from sparkdeep.transformers.keras_estimator import KerasHorovodModel
+        from sparkdeep.transformers.keras_models import mlp_binary_classifier
+        two = KerasHorovodModel(kerasBytes=keras_to_bytes(mlp_binary_classifier(args.features, (64, 32), 0.0)))
 
     # Scoring: the same rows as numpy through keras predict vs the Spark transform.
     net = keras_from_bytes(two.kerasBytes)

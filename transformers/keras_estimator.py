@@ -3,7 +3,7 @@
 ``KerasHorovodEstimator.fit(df)`` stages ``df`` as ``numProc`` Parquet shards, starts
 ``numProc`` Horovod ranks as Spark tasks (Gloo ring all-reduce), each reading only its
 own shard, and returns a :class:`KerasHorovodModel` holding the trained network as
-``.keras`` bytes. The model scores whole Arrow batches with ``mapInArrow`` and
+``.keras`` bytes. The model scores whole Arrow batches with an iterator Arrow UDF and
 saves through MLlib persistence: JSON metadata plus ``model/model.keras``.
 
 Example
@@ -23,9 +23,10 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -487,18 +488,14 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
 
         units = int(_cached_keras(digest, data).outputs[0].shape[-1])
         binary = units == 1
-        staged = dataset.withColumn("__x", feats)
-        x_index = staged.columns.index("__x")
-        out_field = T.StructField("__p", T.DoubleType() if binary else T.ArrayType(T.DoubleType()))
-        schema = T.StructType(staged.schema.fields + [out_field])
+        out_type = T.DoubleType() if binary else T.ArrayType(T.DoubleType())
 
-        def score(batches):
-            """Arrow batches: features as one zero-copy float matrix, no per-row objects."""
-            import pyarrow as pa
+        def score(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
+            """Iterator Arrow UDF: each batch's features arrive as one Arrow list array and
+            become one float matrix without per-row Python objects."""
             net = _cached_keras(digest, shipped.value)
-            for batch in batches:
-                n = batch.num_rows
-                col = batch.column(x_index)
+            for col in arrays:
+                n = len(col)
                 if col.null_count:
                     raise ValueError(f"featuresCol {fcol!r} has {col.null_count} null rows in a batch; "
                                      "drop or fill them before scoring")
@@ -508,13 +505,12 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
                 else:
                     p = np.zeros((0, units))
                 if binary:
-                    arr = pa.array(p[:, 0])
+                    yield pa.array(p[:, 0])
                 else:
-                    arr = pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), units).cast(pa.list_(pa.float64()))
-                yield pa.RecordBatch.from_arrays(list(batch.columns) + [arr],
-                                                 names=list(batch.schema.names) + ["__p"])
+                    yield pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), units).cast(pa.list_(pa.float64()))
 
-        out = staged.mapInArrow(score, schema).drop("__x")
+        udf = F.arrow_udf(score, out_type)
+        out = dataset.withColumn("__p", udf(feats))
         if binary:
             # One sigmoid unit gives P(1); the JVM builds the probability vector.
             out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.array(1.0 - F.col("__p"), F.col("__p"))))
