@@ -115,12 +115,14 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         failures = err.failures + out.failures
         exited = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(exc))
         marked = {r for r, _ in failures}
-        if exited and int(exited.group(1)) not in marked and all(_is_collateral(m) for _, m in failures):
-            # The first rank to exit left no Python error: it was killed or exited hard;
-            # the others only failed because it was gone.
-            rank = int(exited.group(1))
-            raise RankFailedError(rank, f"process exited with code {exited.group(2)} without a Python "
-                                        "exception (killed, out of memory, or os._exit)") from exc
+        silent = sorted(set(range(num_proc)) - marked)
+        if failures and silent and all(_is_collateral(m) for _, m in failures):
+            # Every error we saw is a consequence of a rank leaving the ring, and some
+            # rank left no Python error at all: it was killed or exited hard.
+            rank = silent[0]
+            code = exited.group(2) if exited and int(exited.group(1)) == rank else "unknown"
+            raise RankFailedError(rank, f"process exited (code {code}) without a Python exception "
+                                        "(killed, out of memory, or os._exit)") from exc
         if failures:
             rank, message = _root_cause(failures)
             others = sorted({r for r, _ in failures if r != rank})

@@ -184,6 +184,7 @@ def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
     with pytest.raises(RankFailedError) as err:
         _estimator(epochs=3).fit(cancer)
     assert err.value.rank == 1
+    assert "without a Python exception" in str(err.value)
     assert time.time() - t0 < 240
 
 
