@@ -70,7 +70,10 @@ def fetch() -> list[str]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["fetch"]:
-        sys.exit("usage: python -m sparkdeep.jars fetch")
-    for jar in fetch():
-        print(jar)
+    if sys.argv[1:] == ["fetch"]:
+        for jar in fetch():
+            print(jar)
+    elif sys.argv[1:] == ["classpath"]:  # for spark-submit --jars
+        print(",".join(fetch()))
+    else:
+        sys.exit("usage: python -m sparkdeep.jars fetch|classpath")
