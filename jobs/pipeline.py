@@ -7,7 +7,6 @@ and schedulers.
 from __future__ import annotations
 
 import sys
-import time
 
 from sparkdeep.jobs import evaluate, ingest, prepare, score, train
 from sparkdeep.jobs._common import parser, load, run_step
@@ -34,9 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setLogLevel("WARN")
         paths = Paths.under(cfg.output_dir)
         for name in steps:
-            t0 = time.time()
             run_step(name, STEPS[name], spark, cfg, paths)
-            print(f"[pipeline] {name}: {time.time() - t0:.1f}s", flush=True)
     except ConfigError as exc:
         print(f"pipeline: config error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sparkdeep.transformers.sampling import hash_uniform
+
 FLIGHTS_SCHEMA = T.StructType([
     T.StructField("rownames", T.LongType(), False),
     T.StructField("year", T.IntegerType(), False),
@@ -102,7 +104,7 @@ def build_flights(raw: RawTables, delay_threshold_min: int, sample_fraction: flo
     """
     flights = raw.flights
     if sample_fraction < 1.0:
-        u = F.pmod(F.xxhash64(F.lit(seed), F.col("rownames")), F.lit(1 << 30)) / float(1 << 30)
+        u = hash_uniform(F.xxhash64(F.lit(seed), F.col("rownames")))
         flights = flights.where(u < sample_fraction)
 
     wkey = ["origin", "year", "month", "day", "hour"]
@@ -140,14 +142,17 @@ def build_flights(raw: RawTables, delay_threshold_min: int, sample_fraction: flo
     return usable, rejected, dup_weather
 
 
-def ingest_report(raw_rows: int, usable: DataFrame, rejected: DataFrame, dup_weather: DataFrame) -> dict:
-    """Counts for the report: every input row is either usable or rejected with a reason."""
+def ingest_report(raw_rows: int | None, usable: DataFrame, rejected: DataFrame, dup_weather: DataFrame) -> dict:
+    """Counts for the report: every input row is either usable or rejected with a reason.
+    ``raw_rows=None`` (a sample) takes the input count as usable + rejected."""
     u = usable.agg(F.count("*").alias("rows"), F.sum(LABEL).alias("positives"),
                    F.sum((~F.col("has_weather")).cast("int")).alias("no_weather"),
                    F.sum((~F.col("has_plane")).cast("int")).alias("no_plane")).first()
     reasons = {r["reason"]: int(r["count"]) for r in rejected.groupBy("reason").count().collect()}
     rows_usable = int(u["rows"])
     rows_rejected = sum(reasons.values())
+    if raw_rows is None:
+        raw_rows = rows_usable + rows_rejected
     return {
         "rows_in": raw_rows,
         "rows_usable": rows_usable,

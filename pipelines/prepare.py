@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
-from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel
+from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, hash_uniform
 from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
                                               VarianceSelector)
 
@@ -67,7 +67,7 @@ def prepared_training_data(model: PipelineModel, train: DataFrame) -> DataFrame:
 
 def split_train_holdout(flights: DataFrame, holdout_fraction: float, seed: int) -> tuple[DataFrame, DataFrame]:
     """A deterministic split by a hash of the key: the same rows whatever the partitioning."""
-    u = F.pmod(F.xxhash64(F.lit(seed + 1), F.col(KEY)), F.lit(1 << 30)) / float(1 << 30)
+    u = hash_uniform(F.xxhash64(F.lit(seed + 1), F.col(KEY)))
     return flights.where(u >= holdout_fraction), flights.where(u < holdout_fraction)
 
 

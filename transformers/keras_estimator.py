@@ -44,6 +44,8 @@ from sparkdeep import fs
 from sparkdeep.distributed import run_on_ranks
 
 from . import _rank_training
+from ._vectors import require_new
+from .sampling import hash_uniform
 
 KERAS_FILE = "model/model.keras"
 
@@ -76,10 +78,8 @@ class _KerasScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
 
     def _check_outputs(self, schema: T.StructType) -> None:
         for param in (self.predictionCol, self.probabilityCol):
-            name = self.getOrDefault(param)
-            if name and name in schema.fieldNames():
-                raise ValueError(f"{param.name} {name!r} already exists in the input; "
-                                 f"choose another name with set{param.name[0].upper()}{param.name[1:]}")
+            if self.getOrDefault(param):
+                require_new(schema, self.getOrDefault(param), param.name)
 
 
 class _KerasNetworkParams(Params):
@@ -315,7 +315,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             cols.append(F.coalesce(F.col(vcol), F.lit(False)).alias("is_validation"))
         elif frac:
             h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(lcol))
-            cols.append((F.pmod(h, F.lit(1 << 30)) / float(1 << 30) < frac).alias("is_validation"))
+            cols.append((hash_uniform(h) < frac).alias("is_validation"))
         staged = dataset.select(*cols)
 
         folder = self.checkpoint_folder()
@@ -431,11 +431,12 @@ def _stage_shards(df: DataFrame, folder: str, num_proc: int) -> list[str]:
 
 
 def _input_dim(shard: str) -> int:
+    """The feature count from the first row of a shard (not the whole shard)."""
     import pyarrow.parquet as pq
-    table = pq.read_table(shard, columns=["features"])
-    if table.num_rows == 0:
-        raise ValueError(f"shard {shard!r} is empty")
-    return len(table.column("features")[0].as_py())
+    for batch in pq.ParquetFile(shard).iter_batches(batch_size=1, columns=["features"]):
+        if batch.num_rows:
+            return len(batch.column(0)[0].as_py())
+    raise ValueError(f"shard {shard!r} is empty")
 
 
 # -- fitted model -------------------------------------------------------------------------

@@ -39,9 +39,14 @@ def row_hash(columns: list[str], seed: int) -> Column:
     return F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in columns])
 
 
+def hash_uniform(h: Column) -> Column:
+    """Map a 64-bit hash to [0, 1): the one place a hash becomes a sampling decision."""
+    return F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
+
+
 def row_uniform(columns: list[str], seed: int) -> Column:
     """A deterministic value in [0, 1) per row from its values and ``seed``."""
-    return F.pmod(row_hash(columns, seed), F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
+    return hash_uniform(row_hash(columns, seed))
 
 
 def hashable_columns(schema: T.StructType) -> list[str]:
@@ -222,8 +227,7 @@ class UniformSamplerModel(_SamplerModel, _UniformParams):
         plan = self._plan
         h = self._hash(dataset, self.getSeed())
         if plan["mode"] == "fraction":
-            u = F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
-            return dataset.where(u < F.lit(plan["fraction"]))
+            return dataset.where(hash_uniform(h) < F.lit(plan["fraction"]))
         if plan["threshold"] is None:
             return dataset.where(F.lit(False))
         return dataset.where(h <= F.lit(plan["threshold"]))

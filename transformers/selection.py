@@ -36,8 +36,8 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ._vectors import (feature_names, handle_invalid_rows, invalid_row, require_new, require_numeric,
-                       require_vector, vector_size)  # noqa: F401
+from ._vectors import (feature_names, handle_invalid_rows, require_new, require_numeric, require_vector,
+                       vector_size)
 
 
 # -- the shared fitted model ---------------------------------------------------------------
@@ -539,4 +539,4 @@ def fit_importance(df, features, label, method, kind, trees, reg, seed) -> np.nd
 __all__ = ["SelectorModel", "VarianceSelector", "VarianceSelectorModel", "MissingRateSelector",
            "MissingRateSelectorModel", "UnivariateSelector", "UnivariateSelectorModel", "CorrelationSelector",
            "CorrelationSelectorModel", "ModelImportanceSelector", "ModelImportanceSelectorModel",
-           "invalid_row", "select_by_pvalue"]
+           "select_by_pvalue"]
