@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import sys
 
-from sparkdeep import delta_io
 from sparkdeep.pipelines.evaluate import binary_metrics
 
 from sparkdeep.jobs._common import main_for, read_report
@@ -12,10 +11,10 @@ from sparkdeep.jobs._common import main_for, read_report
 STEPS = ("ingest", "prepare", "train", "score")
 
 
-def step(spark, cfg, paths) -> dict:
-    keras = binary_metrics(delta_io.read(spark, paths.table("predictions")))
-    logreg = binary_metrics(delta_io.read(spark, paths.table("baseline_predictions")))
-    reports = {s: read_report(paths, s) or {} for s in STEPS}
+def step(spark, cfg, paths, run) -> dict:
+    keras = binary_metrics(run.read(spark, "predictions"))
+    logreg = binary_metrics(run.read(spark, "baseline_predictions"))
+    reports = {s: read_report(paths, s, run.run_id) or {} for s in STEPS}
     counts = {
         "ingest": {"in": reports["ingest"].get("rows_in"), "usable": reports["ingest"].get("rows_usable"),
                    "rejected": reports["ingest"].get("rows_rejected")},
@@ -25,7 +24,7 @@ def step(spark, cfg, paths) -> dict:
         "train": {"in": reports["train"].get("rows_in")},
         "score": {"in": reports["score"].get("rows_in"), "out": reports["score"].get("rows_out_predictions")},
     }
-    wall = {s: reports[s].get("process_wall_s", reports[s].get("wall_s")) for s in STEPS}
+    wall = {s: reports[s].get("wall_s") for s in STEPS}
     result = {"metrics": {"keras_horovod": keras, "logistic_regression": logreg},
               "row_counts": counts, "step_wall_s": wall}
     print("[evaluate] held-out metrics:")

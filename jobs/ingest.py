@@ -9,16 +9,17 @@ from sparkdeep.pipelines import flights as fl
 from sparkdeep.jobs._common import main_for
 
 
-def step(spark, cfg, paths) -> dict:
+def step(spark, cfg, paths, run) -> dict:
     raw = fl.load_raw(spark)
     usable, rejected, dups = fl.build_flights(raw, cfg.data.delay_threshold_min,
                                               cfg.data.sample_fraction, cfg.seed)
-    out = delta_io.write(usable.repartition(4), paths.table("flights"))
-    rej = delta_io.write(rejected.coalesce(1), paths.table("flights_rejected"))
+    out = run.write(usable.repartition(4), "flights")
+    rej = run.write(rejected.coalesce(1), "flights_rejected")
     # The full data is checked against the source's own row count; a sample has no
     # independent count, so its input is what was written (usable + rejected).
     rows_in = raw.flights.count() if cfg.data.sample_fraction >= 1.0 else None
-    report = fl.ingest_report(rows_in, delta_io.read(spark, out.path), delta_io.read(spark, rej.path), dups)
+    report = fl.ingest_report(rows_in, delta_io.read(spark, out.path, out.version),
+                               delta_io.read(spark, rej.path, rej.version), dups)
     report["tables"] = {"flights": out.as_dict(), "flights_rejected": rej.as_dict()}
     report["sample_fraction"] = cfg.data.sample_fraction
     print(f"[ingest] {report['rows_in']} flights read: {report['rows_usable']} usable, "

@@ -9,13 +9,12 @@ from sparkdeep.pipelines import prepare as prep
 from sparkdeep.jobs._common import main_for
 
 
-def step(spark, cfg, paths) -> dict:
-    flights = delta_io.read(spark, paths.table("flights"))
-    flights_version = delta_io.version_of(spark, paths.table("flights"))
+def step(spark, cfg, paths, run) -> dict:
+    flights = run.read(spark, "flights")
     train, holdout = prep.split_train_holdout(flights, cfg.prepare.holdout_fraction, cfg.seed)
-    train_ref = delta_io.write(train, paths.table("train"))
-    holdout_ref = delta_io.write(holdout, paths.table("holdout"))
-    train = delta_io.read(spark, train_ref.path).cache()
+    train_ref = run.write(train, "train")
+    holdout_ref = run.write(holdout, "holdout")
+    train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
 
     pipeline = prep.build_prepare_pipeline(
         majority_ratio=cfg.prepare.majority_ratio,
@@ -25,15 +24,15 @@ def step(spark, cfg, paths) -> dict:
     model = pipeline.fit(train)
     model.write().overwrite().save(paths.model("prepare"))
     prepared = prep.prepared_training_data(model, train)
-    prepared_ref = delta_io.write(prepared.repartition(4), paths.table("train_prepared"))
+    prepared_ref = run.write(prepared.repartition(4), "train_prepared")
     train.unpersist()
 
     report = prep.prepare_report(model)
     s = report["sampler"]
     report.update({
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
-        "rows_holdout": delta_io.read(spark, holdout_ref.path).count(),
-        "tables": {"flights": {"path": paths.table("flights"), "version": flights_version},
+        "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
+        "tables": {"flights": run.inputs["flights"],
                    "train": train_ref.as_dict(), "holdout": holdout_ref.as_dict(),
                    "train_prepared": prepared_ref.as_dict()},
     })

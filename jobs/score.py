@@ -11,17 +11,15 @@ from sparkdeep.pipelines.evaluate import predictions_frame
 from sparkdeep.jobs._common import main_for
 
 
-def step(spark, cfg, paths) -> dict:
-    holdout_path = paths.table("holdout")
-    version = delta_io.version_of(spark, holdout_path)
-    holdout = delta_io.read(spark, holdout_path, version=version)
-    out = {"holdout_version": version, "rows_in": holdout.count(), "tables": {}}
+def step(spark, cfg, paths, run) -> dict:
+    holdout = run.read(spark, "holdout")
+    out = {"holdout_version": run.inputs["holdout"]["version"], "rows_in": holdout.count(), "tables": {}}
     for name, table in (("pipeline", "predictions"), ("baseline", "baseline_predictions")):
         model = PipelineModel.load(paths.model(name))
         scored = predictions_frame(model.transform(holdout), "keras" if name == "pipeline" else "logreg")
-        ref = delta_io.write(scored, paths.table(table))
+        ref = run.write(scored, table)
         out["tables"][table] = ref.as_dict()
-        out[f"rows_out_{table}"] = delta_io.read(spark, ref.path).count()
+        out[f"rows_out_{table}"] = delta_io.read(spark, ref.path, ref.version).count()
     print(f"[score] {out['rows_in']} holdout rows scored -> {out['rows_out_predictions']} predictions "
           f"(keras), {out['rows_out_baseline_predictions']} (baseline)", flush=True)
     return out

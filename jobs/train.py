@@ -8,26 +8,28 @@ import sys
 
 from pyspark.ml import PipelineModel
 
-from sparkdeep import delta_io
+from sparkdeep import lineage
 from sparkdeep.pipelines import train as tr
+from sparkdeep.runs import StepRun
 
-from sparkdeep.jobs._common import main_for
+from sparkdeep.jobs._common import main_for, read_report
 
 
-def fit_models(spark, cfg, paths) -> tuple[PipelineModel, PipelineModel, dict]:
+def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
     """Fit Keras (Horovod) and the baseline; return both whole pipelines, unsaved."""
-    table = paths.table("train_prepared")
-    version = delta_io.version_of(spark, table)
-    train = delta_io.read(spark, table, version=version)
+    run = run or StepRun.adhoc(paths, "train")
+    train = run.read(spark, "train_prepared")
+    version = run.inputs["train_prepared"]["version"]
     prepare_model = PipelineModel.load(paths.model("prepare"))
 
     t = cfg.train
     # A run is keyed by the exact training input and settings: a rerun after a kill resumes
     # its checkpoint; new data or new settings start a new run.
     settings = hashlib.sha256(json.dumps([dataclasses.asdict(t), cfg.seed], sort_keys=True).encode()).hexdigest()
-    run_id = f"train_prepared-v{version}-{settings[:10]}"
-    estimator = tr.keras_estimator(t, seed=cfg.seed, run_id=run_id, checkpoint_dir=paths.checkpoints)
+    checkpoint_run = f"train_prepared-v{version}-{settings[:10]}"
+    estimator = tr.keras_estimator(t, seed=cfg.seed, run_id=checkpoint_run, checkpoint_dir=paths.checkpoints)
     keras_model = estimator.fit(train)
+    keras_model.trainingSummary["training_inputs"] = training_inputs(spark, paths, run, train)
     baseline = tr.logistic_baseline(train)
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
@@ -35,14 +37,26 @@ def fit_models(spark, cfg, paths) -> tuple[PipelineModel, PipelineModel, dict]:
         print(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
               f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
               f"fit total {timings['fit_total']:.1f}s", flush=True)
-    report = {"rows_in": train.count(), "train_prepared_version": version, "run_id": run_id, "keras": summary,
+    report = {"rows_in": summary["training_inputs"]["fingerprint"]["rows"], "train_prepared_version": version,
+              "checkpoint_run": checkpoint_run, "keras": summary, "training_inputs": summary["training_inputs"],
               "models": {"pipeline": paths.model("pipeline"), "baseline": paths.model("baseline")}}
     return (tr.scoring_pipeline(prepare_model, keras_model),
             tr.scoring_pipeline(prepare_model, baseline), report)
 
 
-def step(spark, cfg, paths) -> dict:
-    keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths)
+def training_inputs(spark, paths, run: StepRun, train) -> dict:
+    """The Delta versions behind the training table (from this run's prepare step when it
+    wrote that version) and the training table's fingerprint; saved in the model."""
+    tables = {"train_prepared": run.inputs["train_prepared"]}
+    prep = read_report(paths, "prepare", run.run_id) or {}
+    if (prep.get("tables", {}).get("train_prepared", {}).get("version") == tables["train_prepared"]["version"]):
+        tables.update({k: prep["tables"][k] for k in ("flights", "train", "holdout") if k in prep["tables"]})
+    return {"trained_on": "train_prepared", "tables": tables, "fingerprint": lineage.fingerprint(train),
+            "run_id": run.run_id}
+
+
+def step(spark, cfg, paths, run) -> dict:
+    keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
     keras_pipeline.write().overwrite().save(paths.model("pipeline"))
     baseline_pipeline.write().overwrite().save(paths.model("baseline"))
     return report

@@ -264,6 +264,9 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
 
 
 def default_conf_dir() -> Path:
-    """The repo's ``conf/`` when running from a checkout, else ``./conf``."""
+    """``$SPARKDEEP_CONF_DIR``, else the repo's ``conf/`` from a checkout, else ``./conf``."""
+    import os
+    if os.environ.get("SPARKDEEP_CONF_DIR"):
+        return Path(os.environ["SPARKDEEP_CONF_DIR"])
     here = Path(__file__).resolve().parent.parent / "conf"
     return here if here.is_dir() else Path("conf")

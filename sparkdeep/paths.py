@@ -22,6 +22,12 @@ class Paths:
     def report(self, name: str) -> str:
         return os.path.join(self.root, "reports", f"{name}.json")
 
+    def manifest(self, run_id: str) -> str:
+        return os.path.join(self.root, "runs", run_id, "manifest.json")
+
+    def run_report(self, run_id: str, name: str) -> str:
+        return os.path.join(self.root, "runs", run_id, "reports", f"{name}.json")
+
     @property
     def checkpoints(self) -> str:
         return os.path.join(self.root, "checkpoints")

@@ -323,6 +323,8 @@ def train_rank(spec: dict) -> dict:
         "steps_per_epoch": steps, "updates_per_epoch": updates, "stopped_early": stopped_early,
         "allreduce_calls": comm_calls, "allreduce_bytes": comm_bytes, "devices": pinned,
         "weights_digest": weights_digest(model),
+        # Where this rank imported the project from: the shipped archive on a cluster.
+        "code_path": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         "timings": {"enter": t_enter, "first_step": t_first_step or t_end, "train_start": t_train0, "end": t_end},
     }
     if rank == 0:

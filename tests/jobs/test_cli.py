@@ -6,12 +6,18 @@ import pytest
 JOBS = ["ingest", "prepare", "train", "score", "evaluate", "pipeline"]
 
 
+def test_reproduce_help():
+    out = subprocess.run([sys.executable, "-m", "sparkdeep.jobs.reproduce", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--model" in out.stdout and "--to" in out.stdout
+
+
 @pytest.mark.parametrize("job", JOBS)
 def test_help_documents_the_options(job):
     out = subprocess.run([sys.executable, "-m", f"sparkdeep.jobs.{job}", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for option in ("--env", "--set", "--conf-dir", "--output-dir"):
+    for option in ("--env", "--set", "--conf-dir", "--output-dir", "--run-id", "--force", "--wait-lock"):
         assert option in out.stdout
 
 
@@ -28,4 +34,4 @@ def test_missing_input_table_fails_with_one_line(tmp_path):
                           "--set", "spark.master=local[1]"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("evaluate: failed: FileNotFoundError") and "predictions" in last
+    assert last.startswith("evaluate: failed in step evaluate: FileNotFoundError") and "predictions" in last

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Build what a cluster needs to run the jobs: dist/sparkdeep-<version>-py3-none-any.whl
+# (pip install it into the cluster's Python) and dist/sparkdeep-<version>.zip, the same
+# files as a --py-files archive (Spark puts .zip files, not .whl, on executors' sys.path).
+# Prints the zip's path. Rebuilds only when a source file is newer than the zip.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+VPY=${VPY:-$ROOT/.venv/bin/python}
+version=$("$VPY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
+zip=dist/sparkdeep-$version.zip
+newer=$( [[ -f $zip ]] && find sparkdeep jobs pipelines transformers pyproject.toml -newer "$zip" -name '*.py' -o -newer "$zip" -name pyproject.toml | head -1 || echo rebuild)
+if [[ -n $newer ]]; then
+  rm -rf build dist/sparkdeep-"$version"*
+  "$VPY" -m pip wheel --quiet --no-deps --no-build-isolation -w dist . >&2
+  cp "dist/sparkdeep-$version-py3-none-any.whl" "$zip"
+  rm -rf build
+fi
+echo "$ROOT/$zip"

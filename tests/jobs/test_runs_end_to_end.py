@@ -1,0 +1,147 @@
+"""Runs for real: a pipeline killed in the train step resumes and ends with the same tables as
+an uninterrupted run; a second run on the same output cannot write; the model's recorded
+Delta versions re-create its training input by time travel."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from pyspark.ml import PipelineModel
+
+from sparkdeep import delta_io, lineage
+from sparkdeep.pipelines.train import logistic_baseline
+
+pytestmark = pytest.mark.slow
+
+TABLES = ("flights", "flights_rejected", "train", "holdout", "train_prepared")
+
+
+def pipeline_cmd(out_dir, run_id, *extra):
+    return [sys.executable, "-m", "sparkdeep.jobs.pipeline", "--env", "ci", "--output-dir", str(out_dir),
+            "--run-id", run_id, *extra]
+
+
+def run(cmd, repo_root, timeout=900):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=repo_root)
+
+
+def manifest(out_dir, run_id):
+    with open(os.path.join(out_dir, "runs", run_id, "manifest.json")) as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def full_run(repo_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "out"
+    done = run(pipeline_cmd(out, "full"), repo_root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_killed_in_train_resumes_and_matches_an_uninterrupted_run(spark, repo_root, tmp_path, full_run):
+    out = tmp_path / "out"
+    # Long enough training that the kill lands between epochs, not after the last one.
+    slow = ["--set", "train.epochs=40", "--set", "train.early_stopping_patience=40"]
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen(pipeline_cmd(out, "nightly", *slow), stdout=log, stderr=subprocess.STDOUT,
+                            cwd=repo_root, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not glob.glob(str(out / "runs" / "nightly" / "manifest.json")) and time.time() < deadline:
+            time.sleep(0.2)
+        # A second run on the same output while the first holds it: refused, writes nothing.
+        intruder = run(pipeline_cmd(out, "intruder"), repo_root, timeout=120)
+        assert intruder.returncode == 3, intruder.stderr
+        assert "in use by run 'nightly'" in intruder.stderr.strip().splitlines()[-1]
+        assert not os.path.exists(out / "runs" / "intruder")
+
+        while not glob.glob(str(out / "checkpoints" / "*" / "state.json")):
+            assert proc.poll() is None, open(tmp_path / "killed.log").read()[-3000:]
+            assert time.time() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and Horovod ranks, no clean-up
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+    killed = manifest(out, "nightly")
+    assert [killed["steps"][s]["status"] for s in ("ingest", "prepare", "train")] == \
+        ["succeeded", "succeeded", "running"]
+    state = json.load(open(glob.glob(str(out / "checkpoints" / "*" / "state.json"))[0]))
+    assert 1 <= state["completed_epochs"] < 40
+
+    resumed = run(pipeline_cmd(out, "nightly", *slow), repo_root)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[ingest] already done in run nightly: skipped" in resumed.stdout
+    assert "[prepare] already done in run nightly: skipped" in resumed.stdout
+    assert f"resuming run" in resumed.stdout
+    after = manifest(out, "nightly")
+    assert after["status"] == "succeeded" and after["steps"]["train"]["attempts"] == 2
+    assert after["steps"]["ingest"]["attempts"] == 1
+
+    # Same tables as the uninterrupted run: row counts per step, and the contents.
+    reference = manifest(full_run, "full")
+    for step in ("ingest", "prepare", "train", "score"):
+        assert after["steps"][step]["rows"] == reference["steps"][step]["rows"], step
+    for table in TABLES:
+        mine = delta_io.read(spark, str(out / "tables" / table))
+        theirs = delta_io.read(spark, str(full_run / "tables" / table))
+        assert lineage.fingerprint(mine) == lineage.fingerprint(theirs), table
+        assert delta_io.version_of(spark, str(out / "tables" / table)) == 0  # each written once
+
+    # A completed run id reruns as a no-op: every step skipped, nothing written.
+    again = run(pipeline_cmd(out, "nightly", *slow), repo_root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already done in run nightly: skipped") == 5
+    assert delta_io.version_of(spark, str(out / "tables" / "predictions")) == 0
+
+
+def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_root, tmp_path, full_run):
+    m = manifest(full_run, "full")
+    assert m["status"] == "succeeded" and m["code_version"]["package"] == "0.1.0"
+    prepared = m["steps"]["prepare"]["outputs"]["train_prepared"]
+    assert m["steps"]["train"]["inputs"]["train_prepared"] == prepared
+    assert m["steps"]["prepare"]["inputs"]["flights"]["version"] == m["steps"]["ingest"]["outputs"]["flights"]["version"]
+    assert set(m["metrics"]) == {"keras_horovod", "logistic_regression"}
+
+    runs = delta_io.read(spark, str(full_run / "tables" / "runs")).where("run_id = 'full'").collect()
+    assert len(runs) == 1 and runs[0]["status"] == "succeeded"
+    assert runs[0]["table_versions"]["train_prepared"] == prepared["version"]
+    assert runs[0]["row_counts"]["train.rows_in"] == m["steps"]["train"]["rows"]["rows_in"]
+
+    recorded = lineage.training_inputs(spark, str(full_run / "models" / "pipeline"))
+    assert recorded["tables"]["train_prepared"] == prepared
+    assert recorded["tables"]["flights"]["version"] == m["steps"]["ingest"]["outputs"]["flights"]["version"]
+    assert recorded["fingerprint"]["rows"] == m["steps"]["train"]["rows"]["rows_in"]
+
+    # A later run overwrites the training table; time travel still gets the original back.
+    live = str(full_run / "tables" / "train_prepared")
+    original = delta_io.read(spark, live, prepared["version"])
+    delta_io.write(original.limit(10), live)
+    assert delta_io.version_of(spark, live) == prepared["version"] + 1
+
+    done = run([sys.executable, "-m", "sparkdeep.jobs.reproduce", "--model", str(full_run / "models" / "pipeline"),
+                "--to", str(tmp_path / "again")], repo_root, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["verified"] and info["version"] == prepared["version"]
+    assert info["fingerprint"] == recorded["fingerprint"]
+
+    # ... and the deterministic baseline refits to the same coefficients from it.
+    again = delta_io.read(spark, str(tmp_path / "again"))
+    refit = logistic_baseline(again)
+    saved = PipelineModel.load(str(full_run / "models" / "baseline")).stages[-1]
+    np.testing.assert_allclose(refit.coefficients.toArray(), saved.coefficients.toArray(), rtol=1e-6, atol=1e-9)
+
+    # A tampered recorded version no longer matches and says so.
+    tampered = {**recorded, "tables": {**recorded["tables"], "train_prepared": {"path": live, "version":
+                                                                                prepared["version"] + 1}}}
+    with pytest.raises(ValueError, match="no longer matches the training input"):
+        lineage.reproduce(spark, tampered)
