@@ -2,8 +2,12 @@
 PY      := .venv/bin/python
 ARGS    ?=
 STEPS   := ingest prepare train score evaluate
+# One run id for the five step processes of `make run`; pass RUN_ID=... to resume a run.
+ifndef RUN_ID
+RUN_ID := make-$(shell date -u +%Y%m%dT%H%M%SZ)
+endif
 
-.PHONY: setup run test test-fast pipeline clean
+.PHONY: setup run test test-fast pipeline dist clean
 setup:
 	@bash scripts/setup.sh
 
@@ -12,9 +16,9 @@ setup:
 run: setup
 	@start=$$(date +%s); \
 	for step in $(STEPS); do \
-	  $(PY) -m sparkdeep.jobs.$$step $(ARGS) || exit $$?; \
+	  $(PY) -m sparkdeep.jobs.$$step --run-id $(RUN_ID) $(ARGS) || exit $$?; \
 	done; \
-	echo "[run] all steps done in $$(( $$(date +%s) - start ))s; tables, models and reports under the output folder (default ./output)"
+	echo "[run] run $(RUN_ID): all steps done in $$(( $$(date +%s) - start ))s; tables, models, reports and runs/$(RUN_ID)/manifest.json under the output folder (default ./output)"
 
 test: setup
 	$(PY) -m pytest
@@ -23,7 +27,11 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 pipeline: setup
-	$(PY) -m sparkdeep.jobs.pipeline $(ARGS)
+	$(PY) -m sparkdeep.jobs.pipeline --run-id $(RUN_ID) $(ARGS)
+
+# The code for a cluster: a wheel and the same files as a --py-files zip (scripts/submit.sh uses it).
+dist: setup
+	@bash scripts/package.sh
 
 clean:
-	rm -rf output .pytest_cache
+	rm -rf output .pytest_cache dist build

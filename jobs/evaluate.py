@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from sparkdeep.pipelines import report as rp
 from sparkdeep.pipelines.evaluate import binary_metrics
 
 from sparkdeep.jobs._common import main_for, read_report
@@ -12,8 +13,10 @@ STEPS = ("ingest", "prepare", "train", "score")
 
 
 def step(spark, cfg, paths, run) -> dict:
-    keras = binary_metrics(run.read(spark, "predictions"))
-    logreg = binary_metrics(run.read(spark, "baseline_predictions"))
+    keras_pred = run.read(spark, "predictions")
+    logreg_pred = run.read(spark, "baseline_predictions")
+    keras = binary_metrics(keras_pred)
+    logreg = binary_metrics(logreg_pred)
     reports = {s: read_report(paths, s, run.run_id) or {} for s in STEPS}
     counts = {
         "ingest": {"in": reports["ingest"].get("rows_in"), "usable": reports["ingest"].get("rows_usable"),
@@ -27,12 +30,31 @@ def step(spark, cfg, paths, run) -> dict:
     wall = {s: reports[s].get("wall_s") for s in STEPS}
     result = {"metrics": {"keras_horovod": keras, "logistic_regression": logreg},
               "row_counts": counts, "step_wall_s": wall}
+    hists = {"keras_horovod": rp.score_histogram(keras_pred), "logistic_regression": rp.score_histogram(logreg_pred)}
+    for name, h in hists.items():
+        c = rp.curves(h)
+        result["metrics"][name]["average_precision"] = round(c["average_precision"], 4)
+    result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, hists, reports, run.run_id))
     print("[evaluate] held-out metrics:")
     for name, m in result["metrics"].items():
         print(f"  {name:22s} AUC={m['auc']:.4f} accuracy={m['accuracy']:.4f} rows={m['rows']}")
     print("[evaluate] rows per step: " + json.dumps(counts))
-    print("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()), flush=True)
+    print("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()))
+    print(f"[evaluate] report: {result['report_html']}", flush=True)
     return result
+
+
+def write_html(paths, run_id: str | None, text: str) -> str:
+    """``<output>/reports/evaluate.html`` (latest) and the run's own copy."""
+    import os
+    targets = [paths.report("evaluate")[:-len(".json")] + ".html"]
+    if run_id:
+        targets.append(paths.run_report(run_id, "evaluate")[:-len(".json")] + ".html")
+    for path in targets:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(text)
+    return targets[0]
 
 
 main = main_for("evaluate", __doc__, step)

@@ -14,6 +14,18 @@ inputs_hash() {
   cat scripts/setup.sh requirements/*.txt pyproject.toml conf/base/spark.yaml 2>/dev/null | sha256sum | cut -d' ' -f1
 }
 
+# System packages: Debian's Chromium + ChromeDriver, for the test that opens the HTML
+# report in a headless browser. Checked before the stamp: they live outside .venv.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium and chromium-driver (Debian packages)"
+    apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }
+  else
+    echo "setup: chromium/chromedriver missing; install Debian's chromium and chromium-driver (as root) for the report test" >&2
+  fi
+fi
+
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
   echo "setup: up to date ($VENV)"
   exit 0

@@ -85,13 +85,45 @@ def _root_cause(failures: list[tuple[int, str]]) -> tuple[int, str]:
     return failures[0]
 
 
+def _shipped_files() -> list[str]:
+    """Names of the --py-files / addPyFile archives: on executors they sit in the working directory."""
+    from pyspark import SparkContext
+    sc = SparkContext._active_spark_context
+    return [os.path.basename(p) for p in getattr(sc, "_python_includes", None) or []]
+
+
+def _bootstrap() -> Callable:
+    """The function Horovod ships to the ranks, pickled by value (a closure), not by reference.
+
+    Rank processes are started by Horovod from a Spark task, but not as Spark's Python
+    worker, so they do not get the --py-files archives on ``sys.path``. Unpickling a
+    reference to this package would fail on a cluster where it is only shipped, not
+    installed; this closure needs nothing but the standard library to put the shipped
+    archives (in the executor's working directory, the rank's too) on ``sys.path`` first.
+    """
+    def boot(shipped, target, args, kwargs):
+        import importlib
+        import os as _os
+        import sys as _sys
+        for name in reversed(shipped):
+            path = _os.path.abspath(name)
+            if _os.path.exists(path) and path not in _sys.path:
+                _sys.path.insert(0, path)
+        module, _, attr = target.partition(":")
+        fn = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+        return importlib.import_module("sparkdeep.distributed")._rank_entry(fn, args, kwargs)
+    return boot
+
+
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, start_timeout: int = 120, env: dict | None = None,
                  verbose: int = 1, stdout=None, stderr=None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks; return results by rank.
 
-    ``fn`` must be importable by the ranks (a module-level function of an installed
-    package), since the ranks unpickle it by reference.
+    ``fn`` must be a module-level function that the ranks can import: from an installed
+    package, or from the archives shipped with ``--py-files`` (put on the ranks' path).
 
     Raises
     ------
@@ -106,8 +138,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     forwarded.update(env or {})
     out = _Tee(stdout or sys.stdout)
     err = _Tee(stderr or sys.stderr)
+    target = f"{fn.__module__}:{fn.__qualname__}"
     try:
-        return horovod.spark.run(_rank_entry, args=(fn, tuple(args), dict(kwargs or {})),
+        return horovod.spark.run(_bootstrap(), args=(_shipped_files(), target, tuple(args), dict(kwargs or {})),
                                  num_proc=num_proc, start_timeout=start_timeout,
                                  use_gloo=True, env=forwarded, verbose=verbose,
                                  stdout=out, stderr=err)

@@ -120,6 +120,12 @@ def _checkpoint(folder: str, model, optimizer, state: dict) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _code_root() -> str:
+    """The sys.path entry this package was imported from (a shipped .zip on a cluster)."""
+    import sparkdeep
+    return os.path.dirname(os.path.dirname(os.path.abspath(sparkdeep.__file__)))
+
+
 def train_rank(spec: dict) -> dict:
     """Train on this rank's shard; rank 0 also returns the trained model and history."""
     t_enter = time.time()
@@ -324,7 +330,7 @@ def train_rank(spec: dict) -> dict:
         "allreduce_calls": comm_calls, "allreduce_bytes": comm_bytes, "devices": pinned,
         "weights_digest": weights_digest(model),
         # Where this rank imported the project from: the shipped archive on a cluster.
-        "code_path": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "code_path": _code_root(),
         "timings": {"enter": t_enter, "first_step": t_first_step or t_end, "train_start": t_train0, "end": t_end},
     }
     if rank == 0:

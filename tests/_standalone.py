@@ -1,0 +1,101 @@
+"""A real Spark standalone cluster on 127.0.0.1 for tests: one master, N one-core workers.
+
+Started as plain child processes (``spark-class ...Master`` / ``...Worker``) in their own
+process groups, so :meth:`StandaloneCluster.stop` can kill every JVM it started whatever
+happened in between.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StandaloneCluster:
+    def __init__(self, spark_home: str, work_dir: str, workers: int = 2, cores: int = 1, memory: str = "2g"):
+        self.spark_home = spark_home
+        self.work_dir = work_dir
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = os.path.join(self.work_dir, f"{name}.log")
+        self.logs.append(log)
+        env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOCAL_IP": "127.0.0.1",
+               "SPARK_NO_DAEMONIZE": "1"}
+        with open(log, "w") as fh:
+            self.procs.append(subprocess.Popen([os.path.join(self.spark_home, "bin", "spark-class"), *args],
+                                               stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                               start_new_session=True))
+
+    def start(self, timeout_s: float = 120) -> "StandaloneCluster":
+        os.makedirs(self.work_dir, exist_ok=True)
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(self.port), "--webui-port", str(self.ui_port)])
+        for i in range(self.workers):
+            self._spawn(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                       "--cores", str(self.cores), "--memory", self.memory,
+                                       "--webui-port", str(free_port()),
+                                       "--work-dir", os.path.join(self.work_dir, f"worker{i}"), self.url])
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for p, log in zip(self.procs, self.logs):
+                if p.poll() is not None:
+                    raise RuntimeError(f"{log} exited with {p.returncode}:\n{open(log).read()[-2000:]}")
+            if self.alive_workers() == self.workers:
+                return self
+            time.sleep(1)
+        raise TimeoutError(f"{self.workers} workers did not register with {self.url} in {timeout_s}s")
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
+            return json.load(r)
+
+    def alive_workers(self) -> int:
+        try:
+            return int(self.state().get("aliveworkers", 0))
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=20)
+
+    def __enter__(self) -> "StandaloneCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
