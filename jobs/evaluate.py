@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from sparkdeep import tracking
 from sparkdeep.pipelines import report as rp
 from sparkdeep.pipelines.evaluate import binary_metrics
 
@@ -41,6 +42,9 @@ def step(spark, cfg, paths, run) -> dict:
     print("[evaluate] rows per step: " + json.dumps(counts))
     print("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()))
     print(f"[evaluate] report: {result['report_html']}", flush=True)
+    result["tracking"] = tracking.log_evaluate(cfg, paths, run.run_id, result, [result["report_html"]])
+    if result["tracking"]:
+        print(f"[evaluate] MLflow run {result['tracking']['mlflow_run_id']} at {result['tracking']['uri']}", flush=True)
     return result
 
 

@@ -8,7 +8,7 @@ import sys
 
 from pyspark.ml import PipelineModel
 
-from sparkdeep import lineage
+from sparkdeep import lineage, tracking
 from sparkdeep.pipelines import train as tr
 from sparkdeep.runs import StepRun
 
@@ -59,6 +59,9 @@ def step(spark, cfg, paths, run) -> dict:
     keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
     keras_pipeline.write().overwrite().save(paths.model("pipeline"))
     baseline_pipeline.write().overwrite().save(paths.model("baseline"))
+    report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, paths.model("pipeline"))
+    if report["tracking"]:
+        print(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}", flush=True)
     return report
 
 

@@ -5,7 +5,9 @@ probability per label), so the report costs one aggregation per model whatever t
 of the held-out table; nothing row-level is collected to the driver.
 
 The plotting functions take plain report data (dicts from the steps' JSON reports) and
-return matplotlib figures, so notebooks draw the same pictures from the same data.
+return matplotlib figures, so notebooks draw the same pictures from the same data. They
+build ``matplotlib.figure.Figure`` objects directly, never through pyplot: no GUI backend
+is touched (jobs run headless), no global figure state leaks between plots.
 """
 from __future__ import annotations
 
@@ -15,14 +17,11 @@ import html
 import io
 import json
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from pyspark.sql import DataFrame, functions as F
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from pyspark.sql import DataFrame, functions as F  # noqa: E402
-
-from .flights import LABEL  # noqa: E402
+from .flights import LABEL
 
 SCORE = "p_delayed"
 PREDICTION = "prediction"
@@ -74,7 +73,8 @@ def calibration(hist: dict, groups: int = 10) -> dict:
 
 # -- figures ------------------------------------------------------------------------------
 def _fig(w: float = 5.2, h: float = 3.8):
-    fig, ax = plt.subplots(figsize=(w, h), dpi=100)
+    fig = Figure(figsize=(w, h), dpi=100)
+    ax = fig.subplots()
     ax.grid(alpha=0.3)
     return fig, ax
 
@@ -125,7 +125,8 @@ def calibration_figure(models: dict[str, dict]):
 
 
 def learning_curves_figure(history: list[dict]):
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100)
+    fig = Figure(figsize=(9, 3.6), dpi=100)
+    axes = fig.subplots(1, 2)
     epochs = [h["epoch"] for h in history]
     for ax, metric in zip(axes, ("loss", "auc")):
         ax.grid(alpha=0.3)
@@ -193,11 +194,14 @@ def timings_figure(walls: dict[str, float]):
     return fig
 
 
-def png(fig) -> str:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return buf.getvalue()
+
+
+def png(fig) -> str:
+    return base64.b64encode(png_bytes(fig)).decode()
 
 
 # -- the HTML -----------------------------------------------------------------------------

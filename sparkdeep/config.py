@@ -69,6 +69,13 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = True
+    uri: str = ""              # "" = SQLite under <output_dir>/mlflow; any MLflow tracking URI otherwise
+    experiment: str = "sparkdeep"
+
+
+@dataclass(frozen=True)
 class Config:
     output_dir: str = "output"
     seed: int = 42
@@ -76,6 +83,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         checks = [
@@ -96,6 +104,7 @@ class Config:
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
             ("train.compression", self.train.compression in ("none", "fp16")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
+            ("tracking.experiment", bool(self.tracking.experiment.strip())),
         ]
         for key, ok in checks:
             if not ok:

@@ -152,7 +152,7 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 # Config keys that may differ between attempts of one run without changing its results.
-_VOLATILE = ("output_dir", "spark.")
+_VOLATILE = ("output_dir", "spark.", "tracking.")
 
 
 class Manifest:

@@ -145,3 +145,31 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
                                                                                 prepared["version"] + 1}}}
     with pytest.raises(ValueError, match="no longer matches the training input"):
         lineage.reproduce(spark, tampered)
+
+
+def test_the_run_leaves_an_html_report_and_an_mlflow_run(full_run, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tests import _browser
+    m = manifest(full_run, "full")
+    page = full_run / "runs" / "full" / "reports" / "evaluate.html"
+    assert page.exists() and (full_run / "reports" / "evaluate.html").exists()
+    if _browser.available():
+        imgs = _browser.images(str(page))
+        assert len(imgs) >= 11  # ROC, PR, 2 confusion, calibration, learning, balance, 3 selectors, PCA, timings
+        assert all(i["complete"] and i["width"] > 100 for i in imgs), imgs
+    else:
+        pytest.skip("Debian chromium + chromium-driver not installed")
+
+    client = MlflowClient(f"sqlite:///{full_run}/mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("sparkdeep")
+    [run] = client.search_runs([exp.experiment_id], filter_string="tags.`sparkdeep.run_id` = 'full'")
+    prepared = m["steps"]["prepare"]["outputs"]["train_prepared"]
+    assert run.data.tags["delta.train_prepared.version"] == str(prepared["version"])
+    assert run.data.params["train.epochs"] == str(m["config"]["train"]["epochs"])
+    assert run.data.metrics["holdout_keras_horovod_auc"] == pytest.approx(m["metrics"]["keras_horovod"]["auc"])
+    epochs = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [e.step for e in epochs] == list(range(1, len(epochs) + 1)) and len(epochs) >= 1
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
+    assert {"reports/evaluate.html", "reports/train.json", "reports/evaluate.json"} <= arts
+    assert client.list_artifacts(run.info.run_id, "model")

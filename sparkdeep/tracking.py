@@ -1,0 +1,124 @@
+"""Experiment tracking with MLflow: one MLflow run per sparkdeep run id.
+
+The train step logs the config as params, the per-epoch history as metrics (step =
+epoch), the final epoch's metrics, the saved pipeline folder and its report; evaluate adds
+the held-out metrics and the HTML/JSON report. Both steps find the MLflow run by the tag
+``sparkdeep.run_id``, so five separate step processes (``make run``, Airflow) log into one
+MLflow run. Tags also name every Delta table version the model was trained on.
+
+Default store: SQLite at ``<output_dir>/mlflow/mlflow.db`` with artifacts in
+``<output_dir>/mlflow/artifacts`` (MLflow 3 keeps its plain-file store in maintenance
+mode). ``tracking.uri`` points anywhere else (``http://mlflow:5000``, ``databricks``);
+``tracking.enabled: false`` switches it off. A tracking failure fails the step after its
+outputs are saved: rerunning the run id logs again (training then loads its finished
+checkpoint instead of retraining).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from sparkdeep.paths import Paths
+
+RUN_TAG = "sparkdeep.run_id"
+
+
+def tracking_uri(cfg, paths: Paths) -> str:
+    return cfg.tracking.uri or f"sqlite:///{os.path.join(paths.root, 'mlflow', 'mlflow.db')}"
+
+
+def _client(cfg, paths: Paths):
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    from mlflow.tracking import MlflowClient
+    if not cfg.tracking.uri:
+        os.makedirs(os.path.join(paths.root, "mlflow"), exist_ok=True)
+    return MlflowClient(tracking_uri=tracking_uri(cfg, paths))
+
+
+def _experiment_id(client, cfg, paths: Paths) -> str:
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    location = None if cfg.tracking.uri else "file://" + os.path.join(paths.root, "mlflow", "artifacts")
+    return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+
+
+def _run_for(client, experiment_id: str, run_id: str | None, tags: dict) -> str:
+    if run_id:
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'",
+                                   max_results=1)
+        if found:
+            return found[0].info.run_id
+    return client.create_run(experiment_id, run_name=run_id or None,
+                             tags={RUN_TAG: run_id or "adhoc", **tags}).info.run_id
+
+
+def _flat(prefix: str, value: Any, out: dict) -> dict:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    return out
+
+
+def _metric(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: str) -> dict | None:
+    """Params, per-epoch metrics, final metrics, lineage tags, the model folder and the report."""
+    if not cfg.tracking.enabled:
+        return None
+    from mlflow.entities import Metric, Param, RunTag
+    client = _client(cfg, paths)
+    exp = _experiment_id(client, cfg, paths)
+    inputs = report.get("training_inputs") or {}
+    tags = {f"delta.{name}.version": str(ref["version"]) for name, ref in inputs.get("tables", {}).items()}
+    tags.update({f"delta.{name}.path": ref["path"] for name, ref in inputs.get("tables", {}).items()})
+    from sparkdeep.runs import code_version
+    cv = code_version()
+    tags.update({"code.package": str(cv.get("package")), "code.git_commit": str(cv.get("git_commit"))})
+    mlflow_run = _run_for(client, exp, run_id, tags)
+    params = {}
+    for section in ("data", "prepare", "train"):
+        from sparkdeep.runs import config_dict
+        _flat(section, config_dict(getattr(cfg, section)), params)
+    params["seed"] = str(cfg.seed)
+    history = (report.get("keras") or {}).get("history") or []
+    metrics = []
+    for h in history:
+        for key, value in h.items():
+            if key != "epoch" and _metric(value) is not None:
+                metrics.append(Metric(key, float(value), 0, int(h["epoch"])))
+    final = {f"final_{k}": float(v) for k, v in (history[-1] if history else {}).items()
+             if k != "epoch" and _metric(v) is not None}
+    final["train_rows"] = float(report.get("rows_in") or 0)
+    existing = client.get_run(mlflow_run).data.params
+    client.log_batch(mlflow_run, metrics=metrics + [Metric(k, v, 0, len(history)) for k, v in final.items()],
+                     params=[Param(k, v[:6000]) for k, v in params.items() if k not in existing],
+                     tags=[RunTag(k, v) for k, v in tags.items()])
+    client.log_artifacts(mlflow_run, model_dir, artifact_path="model")
+    client.log_dict(mlflow_run, json.loads(json.dumps(report, default=str)), "reports/train.json")
+    return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
+
+
+def log_evaluate(cfg, paths: Paths, run_id: str | None, result: dict, files: list[str]) -> dict | None:
+    """Held-out metrics per model and the report files; ends the MLflow run."""
+    if not cfg.tracking.enabled:
+        return None
+    from mlflow.entities import Metric
+    client = _client(cfg, paths)
+    exp = _experiment_id(client, cfg, paths)
+    mlflow_run = _run_for(client, exp, run_id, {})
+    metrics = [Metric(f"holdout_{model}_{k}", float(v), 0, 0)
+               for model, m in result["metrics"].items() for k, v in m.items() if _metric(v) is not None]
+    client.log_batch(mlflow_run, metrics=metrics)
+    client.log_dict(mlflow_run, json.loads(json.dumps(result, default=str)), "reports/evaluate.json")
+    for path in files:
+        client.log_artifact(mlflow_run, path, artifact_path="reports")
+    client.set_terminated(mlflow_run, status="FINISHED")
+    return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
