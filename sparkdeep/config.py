@@ -160,6 +160,8 @@ def _read_dir(folder: Path, tree: dict, origins: dict, required: bool) -> None:
 
 def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     where = f"config key {key!r} (from {source})"
+    if value is None:
+        raise ConfigError(f"{where} has no value: it is required (set it there or with --set {key}=...)")
     origin = typing.get_origin(tp)
     if tp is bool:
         if isinstance(value, bool):

@@ -53,6 +53,29 @@ def test_override_type_error_names_the_override(conf):
         load_config(conf, overrides=["train.batch_size=big"])
 
 
+def test_missing_value_names_key_and_file(conf):
+    write(conf / "dev", "pipeline.yaml", "output_dir:\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf, env="dev")
+    assert "'output_dir'" in str(err.value) and "dev/pipeline.yaml" in str(err.value) and "required" in str(err.value)
+    assert load_config(conf, env="dev", overrides=["output_dir=/shared/x"]).output_dir == "/shared/x"
+
+
+def test_cluster_overlay_requires_a_shared_output_dir(repo_root):
+    with pytest.raises(ConfigError, match=r"'output_dir' \(from .*conf/cluster/pipeline.yaml\)"):
+        load_config(f"{repo_root}/conf", env="cluster")
+    cfg = load_config(f"{repo_root}/conf", env="cluster", overrides=["output_dir=/mnt/shared/sd"])
+    assert cfg.spark.settings["spark.executor.cores"] == "1"
+
+
+def test_missing_config_folder_or_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path}/nowhere/base"):
+        load_config(tmp_path / "nowhere")
+    (tmp_path / "empty" / "base").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds no .yaml file"):
+        load_config(tmp_path / "empty")
+
+
 def test_missing_env_folder_is_an_error(conf):
     with pytest.raises(ConfigError, match="nope"):
         load_config(conf, env="nope")

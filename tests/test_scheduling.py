@@ -62,6 +62,8 @@ def test_cron_entry_calls_the_scheduled_run_script(repo_root, tmp_path):
     lines = [ln for ln in open(os.path.join(repo_root, "deploy", "cron", "sparkdeep.crontab"))
              if ln.strip() and not ln.startswith("#") and "=" not in ln.split()[0]]
     assert len(lines) == 2
+    env = [ln for ln in open(os.path.join(repo_root, "deploy", "cron", "sparkdeep.crontab")) if ln.startswith("SPARKDEEP_ARGS=")]
+    assert env and "--output-dir" in env[0]  # conf/cluster requires one
     for line in lines:
         fields = line.split()
         assert all(re.fullmatch(r"[\d*/,-]+", f) for f in fields[:5]), line

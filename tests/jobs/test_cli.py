@@ -35,3 +35,12 @@ def test_missing_input_table_fails_with_one_line(tmp_path):
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("evaluate: failed in step evaluate: FileNotFoundError") and "predictions" in last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", JOBS + ["reproduce"])
+def test_every_job_starts_under_spark_submit_with_the_shipped_code(job, repo_root, tmp_path):
+    out = subprocess.run(["bash", f"{repo_root}/scripts/submit.sh", "--master", "local[1]", job, "--help"],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"python -m sparkdeep.jobs.{job}" in out.stdout
