@@ -34,7 +34,7 @@ import subprocess
 import time
 from typing import Any, Mapping
 
-from sparkdeep.config import Config, ConfigError  # noqa: F401 - Config in annotations
+from sparkdeep.config import Config, ConfigError
 from sparkdeep.paths import Paths
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
