@@ -285,9 +285,30 @@ class StepRun:
         return delta_io.read(spark, path, version=version)
 
     def write(self, df, table: str, **kwargs):
+        """Write with this run's idempotency key; the version recorded is the one *this run* committed.
+
+        When Delta skips the write (an earlier attempt of this step committed it), the
+        version comes from that attempt's record, not from the table's latest version,
+        which another run may have written since.
+        """
         from sparkdeep import delta_io
-        txn = (f"sparkdeep:{self.run_id}:{self.step}:{table}", self.generation) if self.run_id else None
-        ref = delta_io.write(df, self.paths.table(table), txn=txn, **kwargs)
+        path = self.paths.table(table)
+        if not self.run_id:
+            ref = delta_io.write(df, path, **kwargs)
+        else:
+            before = delta_io.version_of(df.sparkSession, path) if delta_io.is_table(df.sparkSession, path) else None
+            ref = delta_io.write(df, path, txn=(f"sparkdeep:{self.run_id}:{self.step}:{table}", self.generation),
+                                 **kwargs)
+            committed = self._entry.setdefault("committed", {})
+            if before is not None and ref.version == before:  # skipped: committed by an earlier attempt
+                earlier = committed.get(table)
+                if earlier and earlier["generation"] == self.generation:
+                    ref = delta_io.TableRef(path, earlier["version"])
+                else:
+                    print(f"[{self.step}] {table}: Delta skipped the write (this run committed it before) but "
+                          f"the attempt that did left no record; using the latest version {ref.version}", flush=True)
+            else:
+                committed[table] = {**ref.as_dict(), "generation": self.generation}
         self.outputs[table] = ref.as_dict()
         self._save()
         return ref

@@ -91,10 +91,13 @@ def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
         run.write(rows.where("k = 0"), "events_zero")  # overwrite mode
         versions.append((run.outputs["events"]["version"], run.outputs["events_zero"]["version"]))
         m.fail("ingest", f"killed in attempt {attempt}")
+        if attempt == 1:  # another run overwrites the table between attempts
+            delta_io.write(rows.where("k = 1"), paths.table("events_zero"))
     events = delta_io.read(spark, paths.table("events"))
     assert events.count() == 1000
     assert events.groupBy("id").count().where("count > 1").count() == 0
-    assert versions == [(0, 0)] * 5  # attempts 2-5 committed nothing
+    assert versions == [(0, 0)] * 5  # attempts 2-5 committed nothing, and still name this run's version
+    assert delta_io.version_of(spark, paths.table("events_zero")) == 1  # the other run's write stands
 
     # --force is a new generation: the same writes really happen again.
     m = Manifest.open(paths, "retry", cfg, force=True)
