@@ -11,13 +11,14 @@ Writes bench/results/reduction.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
 
 import numpy as np
+
+import _results  # bench/_results.py (the script folder is on sys.path)
 
 
 def timed(fn, repeat):
@@ -133,10 +134,7 @@ def main(argv=None):
     out = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "master": "local[2]"},
            "rows": n, "features": args.features, "stages": results, "pca_vs_numpy": pca_vs_numpy,
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=2)
-    print(f"wrote {args.out}")
+    _results.write(args.out, out)
     spark.stop()
     return 0
 

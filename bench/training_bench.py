@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+import _results  # bench/_results.py (the script folder is on sys.path)
+
 
 def feed_ratio(rows, features, batch, epochs=2):
     import pyarrow as pa
@@ -186,10 +188,7 @@ def main(argv=None):
 
     results["config"] = vars(args)
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(results, fh, indent=2)
-    print(f"wrote {args.out}")
+    _results.write(args.out, results)
     spark.stop()
     return 0
 

@@ -26,8 +26,10 @@ def render(dag, task):
 
 
 folder = sys.argv[1]
-bag = DagBag(folder, include_examples=False) if "include_examples" in DagBag.__init__.__code__.co_varnames \
-    else DagBag(folder)
+try:
+    bag = DagBag(folder, include_examples=False)  # Airflow 2
+except TypeError:
+    bag = DagBag(folder)  # Airflow 3: examples are governed by AIRFLOW__CORE__LOAD_EXAMPLES
 out = {"import_errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": {}}
 for dag_id, dag in bag.dags.items():
     out["dags"][dag_id] = {

@@ -18,7 +18,7 @@ from typing import Callable
 
 from sparkdeep import progress
 from sparkdeep.config import Config, ConfigError, default_conf_dir, load_config
-from sparkdeep.paths import Paths
+from sparkdeep.paths import Paths, write_json
 from sparkdeep.runs import StepRun
 
 Step = Callable[..., dict]
@@ -60,15 +60,6 @@ def load(args: argparse.Namespace) -> Config:
     return load_config(args.conf_dir, env=args.env, overrides=overrides)
 
 
-def write_json(path: str, report: dict) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(report, fh, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
-
-
 def write_report(paths: Paths, name: str, report: dict) -> str:
     return write_json(paths.report(name), report)
 
@@ -85,11 +76,14 @@ def read_report(paths: Paths, name: str, run_id: str | None = None) -> dict | No
         return None
 
 
-def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepRun | None = None) -> dict:
+def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepRun | None = None,
+             process_started: float | None = None) -> dict:
     """Run one step in an existing session; time it and write its report.
 
     Without ``run`` (tests, notebooks) the step reads the latest table versions and writes
     without idempotency keys; :func:`execute` passes the run's :class:`StepRun`.
+    ``process_started`` (a job alone in its process) adds ``process_wall_s``, Spark's
+    start-up included.
     """
     run = run or StepRun.adhoc(paths, name)
     print(f"[{name}] start" + (f" (run {run.run_id})" if run.run_id else ""), flush=True)
@@ -98,6 +92,8 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
         report = step(spark, cfg, paths, run)
     report = {"step": name, "wall_s": round(time.time() - t0, 2), "run_id": run.run_id,
               "inputs": dict(run.inputs), "outputs": dict(run.outputs), **report}
+    if process_started is not None:
+        report["process_wall_s"] = round(time.time() - process_started, 2)
     write_report(paths, name, report)
     if run.run_id:
         write_json(paths.run_report(run.run_id, name), report)
@@ -130,11 +126,8 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
             for i, n in enumerate(todo, 1):
                 current = n
                 print(f"[{label}] step {i}/{len(todo)}: {n}", flush=True)
-                report = run_step(n, steps[n], spark, cfg, paths, manifest.start(n))
-                if len(names) == 1:  # a job in its own process: include Spark's start-up
-                    report["process_wall_s"] = round(time.time() - t0, 2)
-                    write_report(paths, n, report)
-                    write_json(paths.run_report(run_id, n), report)
+                report = run_step(n, steps[n], spark, cfg, paths, manifest.start(n),
+                                  process_started=t0 if len(names) == 1 else None)
                 manifest.finish(n, report)
                 current = None
             if spark is not None:

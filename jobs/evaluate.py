@@ -51,9 +51,7 @@ def step(spark, cfg, paths, run) -> dict:
 def write_html(paths, run_id: str | None, text: str) -> str:
     """``<output>/reports/evaluate.html`` (latest) and the run's own copy."""
     import os
-    targets = [paths.report("evaluate")[:-len(".json")] + ".html"]
-    if run_id:
-        targets.append(paths.run_report(run_id, "evaluate")[:-len(".json")] + ".html")
+    targets = [paths.report("evaluate", "html")] + ([paths.run_report(run_id, "evaluate", "html")] if run_id else [])
     for path in targets:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as fh:

@@ -31,16 +31,19 @@ PREDICTION = "prediction"
 def score_histogram(predictions: DataFrame, bins: int = 1000) -> dict:
     """Counts of rows per (score bucket, label) and the confusion matrix at the model's threshold."""
     bucket = F.least(F.floor(F.col(SCORE) * bins), F.lit(bins - 1)).cast("int")
-    rows = (predictions.groupBy(bucket.alias("b"), F.col(LABEL).cast("int").alias("y"))
+    # One aggregation gives both: the prediction is constant within a (bucket, label) group
+    # for any threshold on the score, so grouping by it too adds at most one group per bucket.
+    rows = (predictions.groupBy(bucket.alias("b"), F.col(LABEL).cast("int").alias("y"),
+                                F.col(PREDICTION).cast("int").alias("p"))
             .agg(F.count(F.lit(1)).alias("n"), F.sum(SCORE).alias("s")).collect())
     pos, neg, ssum = np.zeros(bins), np.zeros(bins), np.zeros(bins)
+    confusion = [[0, 0], [0, 0]]
     for r in rows:
         (pos if r["y"] == 1 else neg)[r["b"]] += r["n"]
         ssum[r["b"]] += r["s"]
-    cm = {(r[0], r[1]): r[2] for r in predictions.groupBy(F.col(LABEL).cast("int"), F.col(PREDICTION).cast("int"))
-          .count().collect()}
+        confusion[r["y"]][r["p"]] += r["n"]
     return {"bins": bins, "pos": pos.tolist(), "neg": neg.tolist(), "score_sum": ssum.tolist(),
-            "confusion": [[cm.get((t, p), 0) for p in (0, 1)] for t in (0, 1)]}
+            "confusion": confusion}
 
 
 def curves(hist: dict) -> dict:

@@ -35,7 +35,7 @@ import time
 from typing import Any, Mapping
 
 from sparkdeep.config import Config, ConfigError
-from sparkdeep.paths import Paths
+from sparkdeep.paths import Paths, write_json
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STEP_ORDER = ("ingest", "prepare", "train", "score", "evaluate")
@@ -183,8 +183,7 @@ class Manifest:
                 data["generation"] = data.get("generation", 0) + 1
         else:
             data = {"run_id": run_id, "status": "running", "created_at": now(), "attempts": 1,
-                    "generation": 0, "config": config, "code_version": code_version(),
-                    "output_dir": paths.root, "steps": {}}
+                    "generation": 0, "config": config, "output_dir": paths.root, "steps": {}}
         data["code_version"] = code_version()
         m = cls(paths, data)
         m.save()
@@ -192,11 +191,7 @@ class Manifest:
 
     def save(self) -> None:
         self.data["updated_at"] = now()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(self.data, fh, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, self.path)
+        write_json(self.path, self.data)
 
     def done(self, step: str) -> bool:
         return self.data["steps"].get(step, {}).get("status") == "succeeded"
@@ -223,7 +218,7 @@ class Manifest:
         entry = self.data["steps"][step]
         entry.update({"status": "succeeded", "finished_at": now(), "wall_s": report.get("wall_s"),
                       "rows": {k: v for k, v in report.items() if k.startswith("rows") and isinstance(v, int)},
-                      "report": self.paths.report(step)})
+                      "report": self.paths.run_report(self.data["run_id"], step)})
         if "metrics" in report:
             self.data["metrics"] = report["metrics"]
         if "models" in report:
