@@ -13,9 +13,10 @@ longer).
 from __future__ import annotations
 
 import json
-import os
 
 from pyspark.sql import DataFrame, functions as F
+
+from sparkdeep import model_store
 
 
 def fingerprint(df: DataFrame) -> dict:
@@ -27,15 +28,12 @@ def fingerprint(df: DataFrame) -> dict:
 
 def training_inputs(spark, model_path: str) -> dict:
     """The ``training_inputs`` recorded in a saved pipeline (or a saved Keras stage)."""
-    from pyspark.ml import PipelineModel
-    from sparkdeep.transformers.keras_estimator import KerasHorovodModel
-    if os.path.isdir(os.path.join(model_path, "stages")):
-        stages = [s for s in PipelineModel.load(model_path).stages if isinstance(s, KerasHorovodModel)]
-        if not stages:
-            raise ValueError(f"{model_path} holds no KerasHorovodModel stage")
-        summary = stages[-1].trainingSummary
-    else:
-        summary = KerasHorovodModel.load(model_path).trainingSummary
+    model = model_store.load(spark, model_path)
+    # By attribute, not isinstance: core does not import sparkdeep.transformers.
+    stages = [s for s in getattr(model, "stages", [model]) if hasattr(s, "trainingSummary")]
+    if not stages:
+        raise ValueError(f"{model_path} holds no KerasHorovodModel stage")
+    summary = stages[-1].trainingSummary
     inputs = summary.get("training_inputs")
     if not inputs:
         raise ValueError(f"{model_path} records no training_inputs (saved before lineage was kept?)")

@@ -87,17 +87,22 @@ def _pin_devices() -> str | None:
     return None
 
 
-_METRICS = {"accuracy": "BinaryAccuracy", "auc": "AUC", "precision": "Precision", "recall": "Recall",
-            "sparse_categorical_accuracy": "SparseCategoricalAccuracy", "mse": "MeanSquaredError",
-            "mae": "MeanAbsoluteError"}
-
-
-def make_metric(name: str):
+def make_metric(name: str, task: str):
+    """The Keras metric ``name`` means for a ``task`` network (one table: sparkdeep.tasks)."""
     import keras
-    cls = _METRICS.get(name.lower())
-    if cls:
-        return getattr(keras.metrics, cls)(name=name)
-    return keras.metrics.get(name)
+
+    from sparkdeep.tasks import metric_class
+    return getattr(keras.metrics, metric_class(name, task))(name=name)
+
+
+def require_finite(record: dict, epoch: int) -> None:
+    """Stop training on a non-finite loss, naming the epoch. The epoch's loss is all-reduced,
+    so every rank sees the same value and stops at the same point: no rank waits alone."""
+    bad = {k: v for k, v in record.items() if k in ("loss", "val_loss") and not math.isfinite(v)}
+    if bad:
+        raise FloatingPointError(
+            f"training diverged: {', '.join(f'{k}={v}' for k, v in bad.items())} at epoch {epoch} (learning rate "
+            f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
 
 
 def _checkpoint(folder: str, model, optimizer, state: dict) -> None:
@@ -177,8 +182,9 @@ def train_rank(spec: dict) -> dict:
         with np.load(resume["optimizer_path"], allow_pickle=False) as saved:
             for i, var in enumerate(optimizer.variables):
                 var.assign(saved[f"v{i}"])
-    loss_fn = keras.losses.get(spec.get("loss", "binary_crossentropy"))
-    sparse = spec.get("loss", "binary_crossentropy").startswith("sparse")
+    loss_fn = keras.losses.get(spec["loss"])
+    task = spec["task"]
+    sparse = task == "multiclass"  # integer class labels against k outputs
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
     # replicas start identical and stay identical under averaged gradients.
@@ -191,8 +197,8 @@ def train_rank(spec: dict) -> dict:
     it = iter(ds)
     compression = hvd.Compression.fp16 if spec.get("compression") == "fp16" else hvd.Compression.none
     grad_bytes_each = 2 if spec.get("compression") == "fp16" else 4
-    train_metrics = [make_metric(m) for m in spec.get("metrics", [])]
-    val_metrics = [make_metric(m) for m in spec.get("metrics", [])]
+    train_metrics = [make_metric(m, task) for m in spec.get("metrics", [])]
+    val_metrics = [make_metric(m, task) for m in spec.get("metrics", [])]
 
     def _target(yb):
         return yb if sparse else yb[:, None]
@@ -292,6 +298,7 @@ def train_rank(spec: dict) -> dict:
         if xv is not None:
             for k, v in evaluate(xv, yv, wv, val_metrics).items():
                 record[f"val_{k}"] = v
+        require_finite(record, epoch + 1)
         history.append(record)
         improved = record[monitor] < best - 1e-7
         if improved:

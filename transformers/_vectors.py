@@ -50,7 +50,7 @@ def vector_size(df: DataFrame, col: str) -> int:
         return int(n)
     row = df.select(col).where(F.col(col).isNotNull()).first()
     if row is None:
-        raise ValueError(f"column {col!r} has no non-null rows")
+        raise ValueError(f"column {col!r} has no non-null rows (is the input empty?)")
     return len(row[0])
 
 
@@ -60,16 +60,21 @@ def numeric_attrs_metadata(names: list[str]) -> dict:
                         "num_attrs": len(names)}}
 
 
-def invalid_row(col: str) -> Column:
-    """True for a null vector or one holding NaN or +-infinity (checked on the JVM)."""
+def invalid_row(col: str, label: str | None = None) -> Column:
+    """True for a null vector or one holding NaN or +-infinity (checked on the JVM), and,
+    with ``label``, for a null or non-finite label."""
     arr = vector_to_array(F.col(col))
     bad = F.exists(arr, lambda x: F.isnan(x) | (x == float("inf")) | (x == float("-inf")))
     # vector_to_array fails on null, so test null first (OR does not short-circuit).
-    return F.when(F.col(col).isNull(), F.lit(True)).otherwise(bad)
+    out = F.when(F.col(col).isNull(), F.lit(True))
+    if label is not None:
+        y = F.col(label).cast("double")
+        out = out.when(y.isNull() | F.isnan(y) | (F.abs(y) == float("inf")), F.lit(True))
+    return out.otherwise(bad)
 
 
-def handle_invalid_rows(df: DataFrame, col: str, mode: str) -> tuple[DataFrame, int]:
-    """Apply ``handleInvalid`` to rows with null/NaN/infinite features.
+def handle_invalid_rows(df: DataFrame, col: str, mode: str, label: str | None = None) -> tuple[DataFrame, int]:
+    """Apply ``handleInvalid`` to rows with null/NaN/infinite features (or label).
 
     'error' raises naming the column and the count; 'skip' drops them and returns how
     many; 'keep' leaves them (the caller treats NaN as missing).
@@ -78,8 +83,141 @@ def handle_invalid_rows(df: DataFrame, col: str, mode: str) -> tuple[DataFrame, 
         return df, 0
     if mode not in ("error", "skip"):
         raise ValueError(f"handleInvalid must be 'error', 'skip' or 'keep', got {mode!r}")
-    bad = df.where(invalid_row(col)).count()
+    bad = df.where(invalid_row(col, label)).count()
     if bad and mode == "error":
-        raise ValueError(f"featuresCol {col!r} has {bad} rows with null, NaN or infinite values; "
+        where = f"featuresCol {col!r}" + (f" or labelCol {label!r}" if label else "")
+        raise ValueError(f"{where} has {bad} rows with null, NaN or infinite values; "
                          "set handleInvalid='skip' to drop and count them")
-    return (df.where(~invalid_row(col)) if bad else df), bad
+    return (df.where(~invalid_row(col, label)) if bad else df), bad
+
+
+def label_summary(df: DataFrame, label: str) -> dict:
+    """One aggregation over the label column alone (Spark reads nothing else): rows,
+    non-null finite labels, min, max, and how many are not whole numbers."""
+    y = F.col(label).cast("double")
+    ok = y.isNotNull() & ~F.isnan(y) & (F.abs(y) != float("inf"))
+    row = df.select(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(ok.cast("long")).alias("valid"),
+        F.min(F.when(ok, y)).alias("min"), F.max(F.when(ok, y)).alias("max"),
+        F.sum((ok & (y != F.floor(y))).cast("long")).alias("fractional"),
+        F.first(F.when(ok & (y != F.floor(y)), y), ignorenulls=True).alias("fraction_example"),
+    ).first()
+    return {k: (row[k] if row[k] is not None else 0) if k in ("rows", "valid", "fractional") else row[k]
+            for k in row.asDict()}
+
+
+def require_categorical_label(df: DataFrame, label: str, stage: str, hint: str) -> dict:
+    """A categorical label holds class indices: whole numbers, at least two distinct."""
+    stats = label_summary(df, label)
+    if stats["rows"] == 0:
+        raise ValueError(f"{stage}: the input has no rows")
+    if stats["fractional"]:
+        raise ValueError(f"{stage}: labelCol {label!r} holds {stats['fractional']} non-integer values "
+                         f"(e.g. {stats['fraction_example']}): a categorical label must hold class indices. "
+                         f"{hint}")
+    if stats["valid"] and stats["min"] == stats["max"]:
+        raise ValueError(f"{stage}: labelCol {label!r} is constant ({stats['min']}) over the "
+                         f"{stats['valid']} rows with a label: nothing can be tested against it")
+    return stats
+
+
+# -- row checks shared by every stage that reads vectors ------------------------------------
+
+def list_matrix(arr, width: int | None, col: str):
+    """An Arrow list array (no nulls) as an ``(n, width)`` float64 matrix.
+
+    Every row's length is checked from the list offsets (one vectorised pass over n
+    integers, no copy of the values): reshaping the flat values alone would accept rows
+    of lengths 4, 2, 6, 2 whenever their total divides by the width. ``width=None``
+    takes the first row's length.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = len(arr)
+    if not n:
+        return np.zeros((0, width or 0))
+    lengths = pc.list_value_length(arr)
+    lo, hi = pc.min_max(lengths).values()
+    lo, hi = lo.as_py(), hi.as_py()
+    if width is None:
+        width = int(pc.list_value_length(arr.slice(0, 1))[0].as_py())
+    if lo != width or hi != width:
+        raise ValueError(f"column {col!r} holds vectors of different lengths (from {lo} to {hi}; "
+                         f"expected {width} for every row)")
+    return arr.flatten().to_numpy(zero_copy_only=False).reshape(n, width)
+
+
+def lengths(arr) -> tuple[int | None, int | None]:
+    """Shortest and longest row of an Arrow list array (nulls ignored), from its offsets."""
+    import pyarrow.compute as pc
+    if not len(arr):
+        return None, None
+    lo, hi = pc.min_max(pc.list_value_length(arr)).values()
+    return lo.as_py(), hi.as_py()
+
+
+def require_one_length(parts, col: str, width: int) -> None:
+    """Raise on the driver when any partition saw rows of another length than ``width``;
+    ``parts`` are rows with ``len_lo``/``len_hi`` from :func:`lengths` per partition."""
+    seen = [(r["len_lo"], r["len_hi"]) for r in parts if r["len_lo"] is not None]
+    if not seen:
+        return
+    lo, hi = min(a for a, _ in seen), max(b for _, b in seen)
+    if lo != width or hi != width:
+        raise ValueError(f"column {col!r} holds vectors of different lengths (from {lo} to {hi}; "
+                         f"expected {width} for every row)")
+
+
+def row_problem(col: str, size: int | None, finite: bool) -> Column:
+    """Why a row's vector is unusable, as a string column (null when it is fine): it is
+    null, its length is not ``size``, or (``finite=True``) it holds NaN or an infinity.
+    Evaluated on the JVM."""
+    arr = vector_to_array(F.col(col))
+    checks = []
+    if size is not None:
+        checks.append((F.size(arr) != F.lit(int(size)),
+                       F.concat(F.lit("length "), F.size(arr).cast("string"), F.lit(f" instead of {int(size)}"))))
+    if finite:
+        checks.append((F.exists(arr, lambda x: F.isnan(x) | (F.abs(x) == float("inf"))),
+                       F.lit("a NaN or infinite value")))
+    out = F.when(F.col(col).isNull(), F.lit("a null vector"))
+    for cond, why in checks:
+        out = out.when(cond, why)
+    return out
+
+
+def guard_input(df: DataFrame, col: str, size: int | None, *, finite: bool, mode: str,
+                stage: str, param: str):
+    """Check every row of ``col`` at transform before a JVM stage sees it.
+
+    A vector of another length than at fit always fails the job. A null vector (and with
+    ``finite=True`` one holding NaN or an infinity) fails it too with ``mode='error'``;
+    otherwise the row's output is null, so a bad row is kept, never dropped, and never
+    turned into numbers. Messages name the stage, the column and the problem.
+
+    Returns ``(frame, checked, finish)``: the stage reads column ``checked`` (a zero
+    vector stands in for a bad row, so the stage never fails on it) and its output
+    column expression goes through ``finish``, which raises or nulls for bad rows. The
+    raise sits in the final expression on purpose: the optimizer inlines the projections
+    and would skip a check placed only on the input of a branch it never evaluates.
+    """
+    from pyspark.ml.functions import array_to_vector
+
+    problem, checked = f"__{stage}_problem", f"__{stage}_in"
+    df = df.withColumn(problem, row_problem(col, size, finite))
+    zero = array_to_vector(F.array_repeat(F.lit(0.0), int(size or 0)))
+    value = F.when(F.col(problem).isNotNull(), zero).otherwise(F.col(col))
+    # Keep the ML attributes (feature names) for the stage that reads the checked column.
+    df = df.withColumn(checked, value.alias(checked, metadata=df.schema[col].metadata))
+    hint = ("; fix or drop such rows, or set handleInvalid='skip' to give them a null output"
+            if mode == "error" else "")
+    fail = F.raise_error(F.concat(F.lit(f"{stage}: {param} {col!r} has a row with "), F.col(problem),
+                                  F.lit(hint)))
+    fatal = F.col(problem).isNotNull() if mode == "error" else F.col(problem).startswith("length")
+
+    def finish(output):
+        return F.when(F.col(problem).isNull(), output).when(fatal, fail)
+
+    return df, checked, finish

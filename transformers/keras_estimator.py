@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -33,18 +34,19 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.functions import array_to_vector, vector_to_array
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
+from pyspark.ml.param.shared import (HasFeaturesCol, HasHandleInvalid, HasLabelCol, HasPredictionCol,
                                      HasProbabilityCol, HasSeed, HasWeightCol)
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkdeep import fs
+from sparkdeep import fs, tasks
 from sparkdeep.distributed import run_on_ranks
 
 from . import _rank_training
-from ._vectors import require_new
+from ._vectors import list_matrix, require_new
+from .keras_models import DEFAULT_BUILDERS
 from .sampling import hash_uniform
 
 KERAS_FILE = "model/model.keras"
@@ -52,8 +54,19 @@ KERAS_FILE = "model/model.keras"
 
 # -- params, split by concern ------------------------------------------------------------
 
-class _KerasScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
-    """Columns the fitted model reads and writes."""
+class _KerasScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasHandleInvalid):
+    """Columns the fitted model reads and writes, and what to do with unusable rows: at
+    fit, rows with a null or non-finite feature, label or weight raise ('error') or are
+    dropped and counted in ``trainingSummary['skipped_rows']`` ('skip'); at transform, rows
+    with a null or non-finite feature raise ('error') or get null outputs ('skip' or
+    'keep': the row is kept, a NaN never becomes a class)."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(handleInvalid="error")
+
+    def setHandleInvalid(self, value: str):
+        return self._set(handleInvalid=value)
 
     def setFeaturesCol(self, value: str):
         return self._set(featuresCol=value)
@@ -86,11 +99,14 @@ class _KerasNetworkParams(Params):
     """What to train: the network builder and the optimisation objective."""
 
     modelBuilder = Param(Params._dummy(), "modelBuilder",
-                         "importable 'module:function' returning a keras.Model for input_dim",
+                         "importable 'module:function' returning a keras.Model for input_dim "
+                         "('' = the default MLP for the task the loss trains)",
                          typeConverter=TypeConverters.toString)
     modelArgs = Param(Params._dummy(), "modelArgs", "JSON object of keyword args for modelBuilder",
                       typeConverter=TypeConverters.toString)
-    loss = Param(Params._dummy(), "loss", "Keras loss name", typeConverter=TypeConverters.toString)
+    loss = Param(Params._dummy(), "loss", "Keras loss name; it sets the task (see sparkdeep.tasks): "
+                 "binary_crossentropy, sparse_categorical_crossentropy, or mse/mae/huber/log_cosh for regression",
+                 typeConverter=TypeConverters.toString)
     optimizer = Param(Params._dummy(), "optimizer", "Keras optimizer name",
                       typeConverter=TypeConverters.toString)
     learningRate = Param(Params._dummy(), "learningRate", "learning rate for one rank (> 0)",
@@ -100,12 +116,15 @@ class _KerasNetworkParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(modelBuilder="sparkdeep.transformers.keras_models:mlp_binary_classifier",
-                         modelArgs="{}", loss="binary_crossentropy", optimizer="adam",
+        self._setDefault(modelBuilder="", modelArgs="{}", loss="binary_crossentropy", optimizer="adam",
                          learningRate=0.001, metrics=[])
 
     def getModelBuilder(self) -> str:
         return self.getOrDefault(self.modelBuilder)
+
+    def getTask(self) -> str:
+        """The task the loss trains: binary, multiclass or regression."""
+        return tasks.task_for_loss(self.getOrDefault(self.loss))
 
     def getModelArgs(self) -> dict:
         return json.loads(self.getOrDefault(self.modelArgs))
@@ -227,7 +246,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                  warmupEpochs: float | None = None, validationFraction: float | None = None,
                  validationCol: str | None = None, earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
-                 stagingDir: str | None = None, seed: int | None = None):
+                 stagingDir: str | None = None, seed: int | None = None, handleInvalid: str | None = None):
         super().__init__()
         self._setDefault(seed=42)
         self._model_bytes: bytes | None = None
@@ -264,8 +283,13 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                                  ("batchSize", self.getBatchSize(), 1)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        if self.getLearningRate() <= 0:
-            raise ValueError(f"learningRate must be > 0, got {self.getLearningRate()}")
+        if not (math.isfinite(self.getLearningRate()) and self.getLearningRate() > 0):
+            raise ValueError(f"learningRate must be a finite number > 0, got {self.getLearningRate()}")
+        if self.getHandleInvalid() not in ("error", "skip"):
+            raise ValueError(f"handleInvalid must be 'error' or 'skip' at fit, got {self.getHandleInvalid()!r}")
+        task = self.getTask()
+        for name in self.getOrDefault(self.metrics):
+            tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
         if self.getOrDefault(self.compression) not in ("none", "fp16"):
@@ -286,16 +310,41 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         if not master.startswith("local") and retries > 1:
             raise ValueError(f"spark.task.maxFailures={retries}: a retried task would start a second copy of a "
                              "Horovod rank; set spark.task.maxFailures=1 for training jobs")
-        slots = dataset.sparkSession.sparkContext.defaultParallelism
+        slots = task_slots(dataset.sparkSession.sparkContext, self.getNumProc())
         if self.getNumProc() > slots:
-            raise ValueError(f"numProc={self.getNumProc()} exceeds the {slots} task slots Spark has; "
-                             "every rank needs a concurrent task, or the launch would wait forever")
+            raise ValueError(f"numProc={self.getNumProc()} exceeds the {slots} tasks Spark can run at once "
+                             f"(master {master!r}); every rank needs a concurrent task, or the launch would "
+                             "wait forever: lower numProc or add executor cores")
         if self._model_bytes is None:
-            _resolve_builder(self.getModelBuilder())
+            _resolve_builder(self._builder_name())
         try:
             self.getModelArgs()
         except json.JSONDecodeError as exc:
             raise ValueError(f"modelArgs is not a JSON object: {exc}") from None
+
+    def _builder_name(self) -> str:
+        return self.getModelBuilder() or DEFAULT_BUILDERS[self.getTask()]
+
+    def _network(self, input_dim: int, labels: dict) -> bytes:
+        """The network to train as ``.keras`` bytes, checked against the task and labels."""
+        task = self.getTask()
+        if self._model_bytes is not None:
+            data = self._model_bytes
+            net = _rank_training.keras_from_bytes(data)
+        else:
+            args = self.getModelArgs()
+            if task == "multiclass" and not self.getModelBuilder() and "num_classes" not in args:
+                args["num_classes"] = max(2, int(labels["max"]) + 1)
+            net = _resolve_builder(self._builder_name())(input_dim, **args)
+            data = None
+        units, activation = network_output(net)
+        width = int(net.inputs[0].shape[-1]) if net.inputs and net.inputs[0].shape[-1] is not None else input_dim
+        if width != input_dim:
+            raise ValueError(f"the network takes {width} inputs but featuresCol {self.getFeaturesCol()!r} holds "
+                             f"vectors of length {input_dim}")
+        check_network(task, self.getOrDefault(self.loss), units, activation)
+        check_labels(task, units, labels, self.getLabelCol())
+        return data if data is not None else _rank_training.keras_to_bytes(net)
 
     def _fit(self, dataset: DataFrame) -> "KerasHorovodModel":
         self._validate(dataset)
@@ -304,9 +353,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
 
-        feats = (vector_to_array(F.col(fcol), "float32")
-                 if isinstance(dataset.schema[fcol].dataType, VectorUDT)
-                 else F.col(fcol).cast("array<float>"))
+        feats = float_arrays(dataset.schema, fcol)
         cols = [feats.alias("features"), F.col(lcol).cast("float").alias("label")]
         if wcol:
             cols.append(F.col(wcol).cast("float").alias("weight"))
@@ -317,6 +364,12 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(lcol))
             cols.append((hash_uniform(h) < frac).alias("is_validation"))
         staged = dataset.select(*cols)
+        # One pass on the driver's orders, before any shard is written or rank started:
+        # vector lengths, unusable rows, and the label range the task needs.
+        checked = check_training_rows(staged, fcol, wcol)
+        staged, skipped = apply_handle_invalid(staged, checked, self.getHandleInvalid(), fcol, lcol, wcol)
+        model_bytes = self._network(checked["width"], checked)
+        task = self.getTask()
 
         folder = self.checkpoint_folder()
         resume = _read_checkpoint(folder) if folder else None
@@ -325,8 +378,10 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                   f"{resume['completed_epochs']} epochs: loading its checkpoint", flush=True)
             model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
                                       trainingSummary={"history": resume["history"], "resumed_from_epoch":
-                                                       resume["completed_epochs"], "ranks": [], "timings_s": {}})
+                                                       resume["completed_epochs"], "ranks": [], "timings_s": {},
+                                                       "skipped_rows": skipped})
             self._copyValues(model)
+            model._set(task=task)
             return model
 
         own_tmp = not self.getOrDefault(self.stagingDir)
@@ -334,12 +389,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         stage_dir = os.path.join(root, f"shards-{uuid.uuid4().hex[:12]}")
         try:
             shards = _stage_shards(staged, stage_dir, num_proc)
-            input_dim = _input_dim(shards[0])
-            if self._model_bytes is not None:
-                model_bytes = self._model_bytes
-            else:
-                network = _resolve_builder(self.getModelBuilder())(input_dim, **self.getModelArgs())
-                model_bytes = _rank_training.keras_to_bytes(network)
+            input_dim = checked["width"]
             spec = {
                 "model_bytes": model_bytes,
                 "shards": shards,
@@ -350,6 +400,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 "scale_lr": self.getOrDefault(self.scaleLearningRate),
                 "warmup_epochs": self.getOrDefault(self.warmupEpochs),
                 "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss),
+                "task": task,
                 "metrics": list(self.getOrDefault(self.metrics)),
                 "accumulation_steps": self.getOrDefault(self.accumulationSteps),
                 "compression": self.getOrDefault(self.compression),
@@ -381,6 +432,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             "stopped_early": chief["stopped_early"],
             "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
             "input_dim": input_dim,
+            "task": task,
+            "skipped_rows": skipped,
             "timings_s": {
                 "staging": round(t_staged - t_launch, 3),
                 "launch_to_first_step": round(first_step - t_launch, 3),
@@ -390,6 +443,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         }
         model = KerasHorovodModel(kerasBytes=chief["model_bytes"], trainingSummary=summary)
         self._copyValues(model)
+        model._set(task=task)
         return model
 
 
@@ -431,13 +485,138 @@ def _stage_shards(df: DataFrame, folder: str, num_proc: int) -> list[str]:
     return files
 
 
-def _input_dim(shard: str) -> int:
-    """The feature count from the first row of a shard (not the whole shard)."""
-    import pyarrow.parquet as pq
-    for batch in pq.ParquetFile(shard).iter_batches(batch_size=1, columns=["features"]):
-        if batch.num_rows:
-            return len(batch.column(0)[0].as_py())
-    raise ValueError(f"shard {shard!r} is empty")
+def float_arrays(schema: T.StructType, fcol: str):
+    """The features as ``array<float>`` (what the network sees); a null vector stays null
+    (``vector_to_array`` itself fails on null)."""
+    if isinstance(schema[fcol].dataType, VectorUDT):
+        return F.when(F.col(fcol).isNotNull(), vector_to_array(F.col(fcol), "float32"))
+    return F.col(fcol).cast("array<float>")
+
+
+def task_slots(sc, wanted: int, wait_s: float = 60.0) -> int:
+    """Tasks Spark can run at once now: the executors' free cores over ``spark.task.cpus``
+    (what barrier mode checks), not ``spark.default.parallelism`` from the config. On a
+    cluster, executors may still be registering: wait up to ``wait_s`` for ``wanted``."""
+    jsc = sc._jsc.sc()
+    deadline = time.time() + (0 if sc.master.startswith("local") else wait_s)
+    while True:
+        try:
+            slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        except Exception:  # noqa: BLE001 - a Spark without the method: the best we know
+            return sc.defaultParallelism
+        if slots >= wanted or time.time() >= deadline:
+            return slots
+        time.sleep(1.0)
+
+
+def check_training_rows(staged: DataFrame, fcol: str, wcol: str | None) -> dict:
+    """One aggregation over the rows to train on (features as float32 arrays, as the ranks
+    will see them): vector lengths, unusable rows by reason, and the range of the labels."""
+    inf = float("inf")
+    f, y = F.col("features"), F.col("label").cast("double")
+
+    def finite(c):
+        return c.isNotNull() & ~F.isnan(c) & (F.abs(c) != inf)
+
+    count = lambda cond: F.sum(cond.cast("long"))  # noqa: E731
+    aggs = [F.count(F.lit(1)).alias("rows"),
+            F.min(F.size(f)).alias("width_min"), F.max(F.size(f)).alias("width_max"),
+            count(f.isNull()).alias("null_features"),
+            count(f.isNotNull() & F.exists(f, lambda x: F.isnan(x) | (F.abs(x) == inf))).alias("nonfinite_features"),
+            count(~finite(F.col("label"))).alias("bad_label"),
+            F.min(F.when(finite(y), y)).alias("min"), F.max(F.when(finite(y), y)).alias("max"),
+            count(finite(y) & (y != F.floor(y))).alias("fractional")]
+    if wcol:
+        w = F.col("weight")
+        aggs.append(count(~finite(w) | (w < 0)).alias("bad_weight"))
+    row = staged.agg(*aggs).first().asDict()
+    row = {k: (v or 0) if k not in ("min", "max") else v for k, v in row.items()}
+    row.setdefault("bad_weight", 0)
+    if row["rows"] == 0:
+        raise ValueError("KerasHorovodEstimator: the training input has no rows")
+    if row["width_min"] != row["width_max"]:
+        raise ValueError(f"featuresCol {fcol!r} holds vectors of different lengths (from {row['width_min']} "
+                         f"to {row['width_max']}); every row must have the same length")
+    row["width"] = int(row["width_max"] or 0)
+    if row["width"] == 0 and row["null_features"] < row["rows"]:
+        raise ValueError(f"featuresCol {fcol!r} holds empty vectors")
+    return row
+
+
+def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str, lcol: str,
+                         wcol: str | None) -> tuple[DataFrame, int]:
+    """'error': name every kind of unusable row and its count; 'skip': drop them, counted."""
+    reasons = [(checked["null_features"], f"a null featuresCol {fcol!r}"),
+               (checked["nonfinite_features"], f"NaN or infinite values in featuresCol {fcol!r} (as float32)"),
+               (checked["bad_label"], f"a null, NaN or infinite labelCol {lcol!r}"),
+               (checked["bad_weight"], f"a null, negative, NaN or infinite weightCol {wcol!r}")]
+    found = [f"{n} rows with {why}" for n, why in reasons if n]
+    if not found:
+        return staged, 0
+    if mode == "error":
+        raise ValueError(f"KerasHorovodEstimator: the training input has {'; '.join(found)}. Fix or drop those "
+                         "rows, or set handleInvalid='skip' to drop and count them")
+    inf = float("inf")
+    ok = (F.col("features").isNotNull() & ~F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == inf))
+          & F.col("label").isNotNull() & ~F.isnan("label") & (F.abs(F.col("label")) != inf))
+    if "weight" in staged.columns:
+        ok = ok & F.col("weight").isNotNull() & ~F.isnan("weight") & (F.abs(F.col("weight")) != inf) & (
+            F.col("weight") >= 0)
+    kept = staged.where(ok)
+    skipped = checked["rows"] - kept.count()
+    if skipped == checked["rows"]:
+        raise ValueError(f"KerasHorovodEstimator: every one of the {skipped} training rows is unusable "
+                         f"({'; '.join(found)})")
+    print(f"[train] handleInvalid='skip': {skipped} of {checked['rows']} rows dropped ({'; '.join(found)})",
+          flush=True)
+    return kept, skipped
+
+
+def network_output(net) -> tuple[int, str | None]:
+    """The network's output units and its output layer's activation name (None if unknown)."""
+    units = int(net.outputs[0].shape[-1])
+    layer = getattr(getattr(net.outputs[0], "_keras_history", None), "operation", None) or net.layers[-1]
+    try:
+        activation = layer.get_config().get("activation")
+    except Exception:  # noqa: BLE001 - a custom layer without a config
+        activation = None
+    return units, activation if isinstance(activation, str) else None
+
+
+def check_network(task: str, loss: str, units: int, activation: str | None) -> None:
+    """The output layer fits the task the loss trains, or a clear error."""
+    if task == "binary" and (units != 1 or activation not in (None, "sigmoid")):
+        raise ValueError(f"loss {loss!r} trains a binary network: one sigmoid output unit giving P(label=1); "
+                         f"this network has {units} output unit(s) with activation {activation!r}. For k classes "
+                         "use loss='sparse_categorical_crossentropy'; for a number use loss='mse'")
+    if task == "multiclass" and (units < 2 or activation not in (None, "softmax")):
+        raise ValueError(f"loss {loss!r} needs k >= 2 softmax output units (one per class); this network has "
+                         f"{units} with activation {activation!r}")
+    if task == "regression" and (units != 1 or activation in ("sigmoid", "softmax", "tanh")):
+        raise ValueError(f"loss {loss!r} trains a regression network: one unbounded output unit; this network "
+                         f"has {units} output unit(s) with activation {activation!r}, which cannot reach the "
+                         "target's range. Use modelBuilder='sparkdeep.transformers.keras_models:mlp_regressor' "
+                         "or a linear output layer")
+
+
+def check_labels(task: str, units: int, labels: dict, lcol: str) -> None:
+    """Labels fit the output: 0/1 for binary, 0..k-1 for k classes (regression: any finite)."""
+    lo, hi, fractional = labels["min"], labels["max"], labels["fractional"]
+    if lo is None:
+        return  # no usable label at all: apply_handle_invalid has said so
+    if task == "binary":
+        if fractional or lo < 0 or hi > 1:
+            raise ValueError(f"labelCol {lcol!r} must hold 0 or 1 for a binary network; it holds values from "
+                             f"{lo:g} to {hi:g}{' (some not whole numbers)' if fractional else ''}. Map the "
+                             "classes to 0/1 first (e.g. StringIndexer), or for k classes use "
+                             "loss='sparse_categorical_crossentropy'")
+        if lo == hi:
+            raise ValueError(f"labelCol {lcol!r} holds only the class {lo:g}: a binary network needs both")
+    if task == "multiclass" and (fractional or lo < 0 or hi > units - 1):
+        raise ValueError(f"labelCol {lcol!r} must hold class indices 0..{units - 1} for a network with {units} "
+                         f"softmax units; it holds values from {lo:g} to {hi:g}"
+                         f"{' (some not whole numbers)' if fractional else ''}. Index the classes from 0 "
+                         "(StringIndexer) or give the network one unit per class")
 
 
 # -- fitted model -------------------------------------------------------------------------
@@ -457,13 +636,21 @@ def _cached_keras(digest: str, data: bytes):
 class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
     """A trained Keras network that scores a DataFrame in Arrow batches.
 
-    Adds ``probabilityCol`` (a vector of class probabilities: ``[P(0), P(1)]`` for a
-    one-unit sigmoid network, the softmax outputs otherwise) and ``predictionCol`` (the
-    most likely class; threshold 0.5 for binary), like MLlib's classifiers.
+    By ``task`` (set at fit; inferred from the output layer when empty):
+    ``binary`` and ``multiclass`` add ``probabilityCol`` (a vector of class probabilities:
+    ``[P(0), P(1)]`` for a one-unit sigmoid network, the softmax outputs otherwise) and
+    ``predictionCol`` (the most likely class; threshold 0.5 for binary), like MLlib's
+    classifiers; ``regression`` adds ``predictionCol`` only, in the target's units.
+    A row with a null or non-finite feature raises (``handleInvalid='error'``) or gets
+    null outputs; a non-finite network output is always an error, never a class.
     """
+
+    task = Param(Params._dummy(), "task", "binary, multiclass or regression ('' = infer from the network)",
+                 typeConverter=TypeConverters.toString)
 
     def __init__(self, kerasBytes: bytes | None = None, trainingSummary: dict | None = None):
         super().__init__()
+        self._setDefault(task="")
         self._keras_bytes = kerasBytes
         self.trainingSummary = trainingSummary or {}
 
@@ -477,49 +664,86 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
         """The network as a ``keras.Model`` (loaded in safe mode)."""
         return _rank_training.keras_from_bytes(self.kerasBytes)
 
+    def _task(self, net) -> str:
+        task = self.getOrDefault(self.task)
+        if task:
+            if task not in tasks.TASKS:
+                raise ValueError(f"task must be one of {tasks.TASKS}, got {task!r}")
+            return task
+        units, activation = network_output(net)
+        if units == 1:
+            return "binary" if activation == "sigmoid" else "regression"
+        return "multiclass"
+
     def _transform(self, dataset: DataFrame) -> DataFrame:
         self._check_features(dataset.schema)
-        self._check_outputs(dataset.schema)
+        task = self._task(_cached_keras(hashlib.sha256(self.kerasBytes).hexdigest(), self.kerasBytes))
+        if task == "regression":
+            require_new(dataset.schema, self.getPredictionCol(), "predictionCol")
+        else:
+            self._check_outputs(dataset.schema)
+        mode = self.getHandleInvalid()
+        if mode not in ("error", "skip", "keep"):
+            raise ValueError(f"handleInvalid must be 'error', 'skip' or 'keep', got {mode!r}")
         data = self.kerasBytes
         digest = hashlib.sha256(data).hexdigest()
         spark = dataset.sparkSession
         shipped = spark.sparkContext.broadcast(data)
         fcol = self.getFeaturesCol()
-        feats = (vector_to_array(F.col(fcol), "float32")
-                 if isinstance(dataset.schema[fcol].dataType, VectorUDT) else F.col(fcol).cast("array<float>"))
+        feats = float_arrays(dataset.schema, fcol)
 
-        units = int(_cached_keras(digest, data).outputs[0].shape[-1])
-        binary = units == 1
-        out_type = T.DoubleType() if binary else T.ArrayType(T.DoubleType())
+        net = _cached_keras(digest, data)
+        units = int(net.outputs[0].shape[-1])
+        width = int(net.inputs[0].shape[-1])
+        single = units == 1
+        out_type = T.DoubleType() if single else T.ArrayType(T.DoubleType())
 
         def score(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
             """Iterator Arrow UDF: each batch's features arrive as one Arrow list array and
             become one float matrix without per-row Python objects."""
-            net = _cached_keras(digest, shipped.value)
+            import pyarrow.compute as pc
+            model = _cached_keras(digest, shipped.value)
             for col in arrays:
                 n = len(col)
-                if col.null_count:
-                    raise ValueError(f"featuresCol {fcol!r} has {col.null_count} null rows in a batch; "
-                                     "drop or fill them before scoring")
-                if n:
-                    x = col.flatten().to_numpy(zero_copy_only=False).astype("float32", copy=False).reshape(n, -1)
-                    p = np.asarray(net(x, training=False), dtype="float64").reshape(n, -1)
+                valid = np.ones(n, dtype=bool) if not col.null_count else np.asarray(col.is_valid())
+                rows = col if valid.all() else col.filter(pa.array(valid))
+                x = list_matrix(rows, width, fcol).astype("float32", copy=False) if len(rows) else \
+                    np.zeros((0, width), dtype="float32")
+                finite = np.isfinite(x).all(axis=1)
+                bad = n - int(finite.sum())
+                if bad and mode == "error":
+                    raise ValueError(f"KerasHorovodModel: featuresCol {fcol!r} has {bad} rows in a batch that are "
+                                     "null or hold NaN/infinite values (as float32); fix or drop them, or set "
+                                     "handleInvalid='keep' to give them null outputs")
+                p = np.full((n, units), np.nan)
+                idx = np.flatnonzero(valid)[finite]
+                if len(idx):
+                    out = np.asarray(model(x[finite], training=False), dtype="float64").reshape(len(idx), units)
+                    if not np.isfinite(out).all():
+                        raise ValueError(f"KerasHorovodModel: the network produced "
+                                         f"{int((~np.isfinite(out).all(axis=1)).sum())} non-finite outputs from "
+                                         "finite inputs (are its weights finite?)")
+                    p[idx] = out
+                missing = ~np.isfinite(p[:, 0])
+                if single:
+                    yield pa.array(p[:, 0], mask=missing)
                 else:
-                    p = np.zeros((0, units))
-                if binary:
-                    yield pa.array(p[:, 0])
-                else:
-                    yield pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), units).cast(pa.list_(pa.float64()))
+                    lists = pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), units).cast(pa.list_(pa.float64()))
+                    yield pc.if_else(pa.array(missing), pa.nulls(n, lists.type), lists)
 
         udf = F.arrow_udf(score, out_type)
         out = dataset.withColumn("__p", udf(feats))
-        if binary:
-            # One sigmoid unit gives P(1); the JVM builds the probability vector.
-            out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.array(1.0 - F.col("__p"), F.col("__p"))))
-            pred = (F.col("__p") >= 0.5).cast("double")
+        if task == "regression":
+            return out.withColumn(self.getPredictionCol(), F.col("__p")).drop("__p")
+        if single:
+            # One sigmoid unit gives P(1); the JVM builds the probability vector. A null
+            # score stays null: it never becomes a class.
+            prob = F.when(F.col("__p").isNotNull(), array_to_vector(F.array(1.0 - F.col("__p"), F.col("__p"))))
+            pred = F.when(F.col("__p").isNotNull(), (F.col("__p") >= 0.5).cast("double"))
         else:
-            out = out.withColumn(self.getProbabilityCol(), array_to_vector(F.col("__p")))
+            prob = F.when(F.col("__p").isNotNull(), array_to_vector(F.col("__p")))
             pred = (F.array_position(F.col("__p"), F.array_max(F.col("__p"))) - 1).cast("double")
+        out = out.withColumn(self.getProbabilityCol(), prob)
         return out.withColumn(self.getPredictionCol(), pred).drop("__p")
 
     # -- persistence: JSON metadata + model/model.keras (no pickle) --
@@ -549,13 +773,43 @@ class _KerasModelReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> KerasHorovodModel:
+        """Read ``model/model.keras`` after checking the metadata that points at it.
+
+        Raises ``UnsafeModelError`` naming the file when the metadata points anywhere but
+        ``model/model.keras`` or records no SHA-256, when the bytes do not match it, when
+        Keras safe mode refuses the archive (embedded Python, a ``Lambda`` layer) or the
+        archive is not valid; ``fs.ChecksumError`` when Hadoop's ``.crc`` does not match.
+        """
+        # Imported here: the module's shared import block is not this reader's to edit.
+        import io
+        import zipfile
+
+        from sparkdeep.model_store import UnsafeModelError
+
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        data = fs.read_bytes(self.sparkSession, f"{path.rstrip('/')}/{metadata['kerasFile']}")
-        if hashlib.sha256(data).hexdigest() != metadata.get("kerasSha256"):
-            raise ValueError(f"{path}/{metadata['kerasFile']} does not match the checksum in its metadata")
+        keras_path = f"{path.rstrip('/')}/{KERAS_FILE}"
+        # The writer only ever writes KERAS_FILE; any other value (absolute, "../..") is
+        # an edit trying to make us read a file outside the stage folder.
+        if metadata.get("kerasFile") != KERAS_FILE:
+            raise UnsafeModelError(f"{path}/metadata: kerasFile is {metadata.get('kerasFile')!r}; a saved "
+                                   f"KerasHorovodModel keeps its network only at {KERAS_FILE!r}")
+        digest = metadata.get("kerasSha256")
+        if not isinstance(digest, str):
+            raise UnsafeModelError(f"{path}/metadata: no kerasSha256 for {keras_path}; refusing a network "
+                                   "that cannot be checked")
+        data = fs.read_bytes(self.sparkSession, keras_path)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise UnsafeModelError(f"{keras_path} does not match the checksum in its metadata")
+        # Keras reports a file that is not a zip as "File not found" on its temp copy.
+        if not zipfile.is_zipfile(io.BytesIO(data)):
+            raise UnsafeModelError(f"{keras_path}: not a valid Keras archive (not a zip file)")
+        # Refuse unsafe or broken archives at load time, not at first transform.
+        try:
+            _rank_training.keras_from_bytes(data)
+        except Exception as e:  # Keras reports a bad archive with many types (OSError, ValueError, ...)
+            kind = "refused by Keras safe mode" if "safe_mode" in str(e) else "not a valid Keras archive"
+            raise UnsafeModelError(f"{keras_path}: {kind} ({type(e).__name__}: {e})") from e
         model = KerasHorovodModel(kerasBytes=data, trainingSummary=metadata.get("trainingSummary"))
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
-        # Refuse unsafe archives at load time, not at first transform.
-        _rank_training.keras_from_bytes(data)
         return model

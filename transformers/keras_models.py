@@ -29,3 +29,17 @@ def mlp_classifier(input_dim: int, num_classes: int, hidden_units=(64, 32), drop
     """A ReLU MLP ending in ``num_classes`` softmax units (train with
     ``loss='sparse_categorical_crossentropy'`` and integer labels 0..num_classes-1)."""
     return _mlp(input_dim, hidden_units, dropout, num_classes, "softmax", "mlp_classifier")
+
+
+def mlp_regressor(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1):
+    """A ReLU MLP ending in one linear unit: the predicted target, in its own units
+    (train with ``loss='mse'``, ``'mae'`` or ``'huber'``)."""
+    return _mlp(input_dim, hidden_units, dropout, 1, "linear", "mlp_regressor")
+
+
+# The builder the estimator uses for each task when none is named.
+DEFAULT_BUILDERS = {
+    "binary": "sparkdeep.transformers.keras_models:mlp_binary_classifier",
+    "multiclass": "sparkdeep.transformers.keras_models:mlp_classifier",
+    "regression": "sparkdeep.transformers.keras_models:mlp_regressor",
+}

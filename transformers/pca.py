@@ -32,7 +32,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ._vectors import feature_names, numeric_attrs_metadata, require_new, require_vector, vector_size
+from ._vectors import (feature_names, guard_input, lengths, numeric_attrs_metadata, require_new, require_one_length,
+                       require_vector, vector_size)
 
 
 class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
@@ -51,6 +52,9 @@ class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
         super().__init__(*args)
         self._setDefault(inputCol="features", outputCol="pca", k=0, varianceTarget=0.95, scale=False,
                          maxCovarianceBytes=2 << 30, handleInvalid="error")
+
+    def setHandleInvalid(self, value: str):
+        return self._set(handleInvalid=value)
 
 
 class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
@@ -139,8 +143,11 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         return model
 
 
-def centred_scatter(df: DataFrame, col: str, p: int | None = None, values=None) -> tuple[int, np.ndarray, np.ndarray, int]:
-    """One pass: (valid rows, mean, centred scatter matrix, invalid rows).
+def centred_scatter(df: DataFrame, col: str, p: int, values=None,
+                    appended: int = 0) -> tuple[int, np.ndarray, np.ndarray, int]:
+    """One pass over rows of ``p`` values: (valid rows, mean, centred scatter matrix,
+    invalid rows). A row of another length is an error naming ``col`` (``values`` may
+    append ``appended`` columns, e.g. the label, to the vector's).
 
     Each partition reduces its Arrow batches with numpy (BLAS matrix products, no
     per-row Python) into (n, mean, scatter), merged with the pairwise update of Chan et
@@ -153,14 +160,18 @@ def centred_scatter(df: DataFrame, col: str, p: int | None = None, values=None) 
 
     def per_partition(batches):
         n, bad, mean, scatter = 0, 0, None, None
+        lo = hi = None
         for batch in batches:
             arr = batch.column(0)
             bad += arr.null_count
             valid = arr.drop_null() if arr.null_count else arr
             if not len(valid):
                 continue
-            flat = valid.flatten().to_numpy(zero_copy_only=False)
-            x = flat.reshape(len(valid), p or flat.size // len(valid))
+            a, b = lengths(valid)
+            lo, hi = a if lo is None else min(lo, a), b if hi is None else max(hi, b)
+            if a != p or b != p:
+                continue  # the driver raises, naming the column
+            x = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), p)
             ok = np.isfinite(x).all(axis=1)
             if not ok.all():
                 bad += int((~ok).sum())
@@ -169,23 +180,27 @@ def centred_scatter(df: DataFrame, col: str, p: int | None = None, values=None) 
                 continue
             n, mean, scatter = _merge(n, mean, scatter, *_moments(x))
         yield pa.RecordBatch.from_pydict({
-            "n": [n], "bad": [bad], "mean": [[] if mean is None else mean.tolist()],
+            "n": [n], "bad": [bad], "len_lo": pa.array([lo], pa.int64()), "len_hi": pa.array([hi], pa.int64()),
+            "mean": [[] if mean is None else mean.tolist()],
             "scatter": [[] if scatter is None else scatter.ravel().tolist()]})
 
     if values is None:
         values = F.when(F.col(col).isNotNull(), vector_to_array(F.col(col)))
     parts = (df.select(values.alias("v"))
-             .mapInArrow(per_partition, "n long, bad long, mean array<double>, scatter array<double>"))
+             .mapInArrow(per_partition, "n long, bad long, len_lo long, len_hi long, mean array<double>, "
+                                        "scatter array<double>"))
     n, bad, mean, scatter = 0, 0, None, None
     for row in parts.toLocalIterator():
+        if row["len_lo"] is not None:
+            require_one_length([{"len_lo": row["len_lo"] - appended, "len_hi": row["len_hi"] - appended}],
+                               col, p - appended)
         bad += row["bad"]
         if row["n"]:
             m = np.asarray(row["mean"])
             n, mean, scatter = _merge(n, mean, scatter, row["n"], m,
                                       np.asarray(row["scatter"]).reshape(len(m), len(m)))
     if mean is None:
-        size = p or 0
-        mean, scatter = np.zeros(size), np.zeros((size, size))
+        mean, scatter = np.zeros(p), np.zeros((p, p))
     return n, mean, scatter, bad
 
 
@@ -248,8 +263,14 @@ class CenteredPCAModel(Model, _CenteredPCAParams, MLReadable, MLWritable):
         require_new(dataset.schema, out)
         p = len(self.mean)
         sc = dataset.sparkSession.sparkContext
+        # The fit refused null, NaN and infinite rows; transform follows the same handleInvalid:
+        # 'error' fails naming the column, 'skip' gives such a row a null output (the row is
+        # kept: scoring never loses rows). A vector of another length is always an error.
+        mode = self.getHandleInvalid()
+        dataset, checked, finish = guard_input(dataset, col, p, finite=True, mode=mode,
+                                               stage="CenteredPCAModel", param="inputCol")
         scaler = _java_scaler(dataset, self.mean, self.std if self.std is not None else np.ones(p),
-                              col, "__centred")
+                              checked, "__centred")
         scaler._set(withStd=self.std is not None)
         pc = DenseMatrix(p, self.numComponents, self.components.flatten(order="F").tolist(), isTransposed=False)
         jpca = sc._jvm.org.apache.spark.ml.feature.PCAModel(
@@ -259,7 +280,8 @@ class CenteredPCAModel(Model, _CenteredPCAParams, MLReadable, MLWritable):
         projector = projector.setInputCol("__centred").setOutputCol(out)._set(k=self.numComponents)
         projected = projector.transform(scaler.transform(dataset)).drop("__centred")
         names = [f"pc{i + 1}" for i in range(self.numComponents)]
-        return projected.withColumn(out, F.col(out).alias(out, metadata=numeric_attrs_metadata(names)))
+        return (projected.withColumn(out, finish(F.col(out)).alias(out, metadata=numeric_attrs_metadata(names)))
+                .drop(*[c for c in projected.columns if c.startswith("__CenteredPCAModel_")]))
 
     # -- persistence: params as JSON metadata, arrays as one Parquet row under data/ --
     def write(self) -> MLWriter:

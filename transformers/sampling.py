@@ -10,10 +10,18 @@ passes every row through unchanged, so a user cannot lose rows to score by accid
 
 Membership is decided by a 64-bit hash of the row's values and the seed, never by a
 random stream: the same seed and input give the same sample whatever the partitioning.
-Exact counts come from per-stratum hash thresholds: a histogram of hash buckets per
-stratum (one pass) finds the bucket holding the n-th row, and the hashes in that one
-bucket (a second, tiny pass) give the exact threshold. Rows with the same values hash
-alike, so exact duplicate rows can push a count over its target by their multiplicity.
+The hash covers every column (``keyCols`` narrows it to columns that identify a row):
+vectors by their values (a sparse and a dense vector with the same values hash alike),
+arrays, structs and maps (by their sorted entries) recursively; a column of another
+user-defined type is refused with its name. Exact counts come from per-stratum hash
+thresholds: a histogram of hash buckets per stratum (one pass) finds the bucket holding
+the n-th row, and the hashes in that one bucket (a second, tiny pass) give the exact
+threshold.
+
+Exact duplicate rows hash alike. Counts stay exact all the same: where the n-th row's
+hash is shared by more rows than are still needed, the sample takes just the number
+needed of those identical rows (which copies is immaterial: they are equal). With
+``fraction`` (Bernoulli, approximate by nature) duplicates are kept or dropped together.
 """
 from __future__ import annotations
 
@@ -34,9 +42,47 @@ _HASH_BUCKETS = 1 << 30
 _ALL = "__all__"
 
 
-def row_hash(columns: list[str], seed: int) -> Column:
-    """A deterministic 64-bit hash of the row's values and ``seed``."""
-    return F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in columns])
+def row_hash(columns: list[str], seed: int, schema: T.StructType | None = None) -> Column:
+    """A deterministic 64-bit hash of the row's values and ``seed``.
+
+    With ``schema``, columns Spark cannot hash (vectors, maps, nested ones) are first made
+    hashable by :func:`hashable`; without it, the columns must be hashable as they are.
+    """
+    cols = [hashable(F.col(c), schema[c].dataType, c) if schema is not None else F.col(c) for c in columns]
+    return F.xxhash64(F.lit(int(seed)), *cols)
+
+
+def hashable(col: Column, dtype: T.DataType, name: str) -> Column:
+    """``col`` as a value ``xxhash64`` accepts, equal for equal values: ML vectors as their
+    dense values, maps as their entries sorted by key, recursively inside arrays and structs."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+
+    if isinstance(dtype, VectorUDT):
+        return vector_to_array(col)
+    if isinstance(dtype, T.UserDefinedType):
+        raise TypeError(f"column {name!r} of type {dtype.simpleString()} cannot be hashed to sample rows; "
+                        "set keyCols to the columns that identify a row")
+    if isinstance(dtype, T.MapType):
+        entries = F.transform(F.map_entries(col), lambda e: F.struct(
+            hashable(e["key"], dtype.keyType, name).alias("k"), hashable(e["value"], dtype.valueType, name).alias("v")))
+        return F.array_sort(entries)
+    if isinstance(dtype, T.ArrayType) and _needs_conversion(dtype.elementType):
+        return F.transform(col, lambda x: hashable(x, dtype.elementType, name))
+    if isinstance(dtype, T.StructType) and _needs_conversion(dtype):
+        return F.struct(*[hashable(col.getField(f.name), f.dataType, f"{name}.{f.name}").alias(f.name)
+                          for f in dtype.fields])
+    return col
+
+
+def _needs_conversion(dtype: T.DataType) -> bool:
+    if isinstance(dtype, (T.UserDefinedType, T.MapType)):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return _needs_conversion(dtype.elementType)
+    if isinstance(dtype, T.StructType):
+        return any(_needs_conversion(f.dataType) for f in dtype.fields)
+    return False
 
 
 def hash_uniform(h: Column) -> Column:
@@ -49,18 +95,31 @@ def row_uniform(columns: list[str], seed: int) -> Column:
     return hash_uniform(row_hash(columns, seed))
 
 
-def hashable_columns(schema: T.StructType) -> list[str]:
-    """Columns whose values can feed the row hash (user-defined types such as vectors cannot)."""
-    return [f.name for f in schema.fields if not isinstance(f.dataType, T.UserDefinedType)]
+def hash_columns(schema: T.StructType, key_cols: list[str]) -> list[str]:
+    """The columns that decide membership: ``key_cols`` when given, else every column.
+    Checked here, on the driver: each exists and can be hashed."""
+    names = schema.fieldNames()
+    cols = list(key_cols) or names
+    missing = [c for c in cols if c not in names]
+    if missing:
+        raise ValueError(f"keyCols {missing} are not columns of the input (columns: {', '.join(names)})")
+    if not cols:
+        raise ValueError("the input has no columns to sample by")
+    for c in cols:
+        hashable(F.col(c), schema[c].dataType, c)  # raises for a type that cannot be hashed
+    return cols
 
 
 def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tuple[dict, dict]:
-    """Per stratum, the largest hash ``t`` such that ``count(h <= t) == target``.
+    """Per stratum, the hash ``t`` of the target-th row in hash order, and how many rows of
+    hash ``t`` to take.
 
     ``targets`` is a dict stratum -> rows wanted, or a function of the stratum sizes
     returning one (so the sizes come from the same pass). 0 keeps none; a target at or
     above the stratum's size keeps all. Two passes: bucket counts per stratum, then the
-    hashes of each boundary bucket only. Returns (stratum -> threshold or None, sizes).
+    hashes of each boundary bucket only. Returns (stratum -> threshold or None, sizes,
+    ties), where ``ties[key(s)] = k`` means: rows with ``h < t`` plus exactly ``k`` of the
+    (identical, duplicate) rows with ``h == t``; strata without an entry keep ``h <= t``.
     """
     n_strata = max(1, len(targets)) if isinstance(targets, dict) else 64
     bits = max(4, min(16, 20 - math.ceil(math.log2(n_strata))))
@@ -72,7 +131,7 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tupl
     sizes = {s: sum(c for _, c in buckets) for s, buckets in hist.items()}
     if callable(targets):
         targets = targets(sizes)
-    out, boundary = {}, {}
+    out, boundary, ties = {}, {}, {}
     for s, want in targets.items():
         buckets = sorted(hist.get(s, []))
         total = sizes.get(s, 0)
@@ -97,17 +156,41 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tupl
         for r in keyed.where(cond).select("s", "h").collect():
             hashes.setdefault(r["s"], []).append(r["h"])
         for s, (_, need) in boundary.items():
-            out[s] = sorted(hashes[s])[need - 1]
-    return out, sizes
+            ordered = sorted(hashes[s])
+            t = ordered[need - 1]
+            below, at = sum(1 for x in ordered if x < t), ordered.count(t)
+            out[s] = t
+            if below + at > need:  # duplicates of the boundary row: take only as many as needed
+                ties[_key(s)] = need - below
+    return out, sizes, ties
 
 
-def threshold_condition(h: Column, stratum: Column, thresholds: dict) -> Column:
-    """Rows to keep: the row's hash is at or below its stratum's threshold."""
+def threshold_condition(h: Column, stratum: Column, thresholds: dict, ties: dict | None = None) -> Column:
+    """Rows to keep: the row's hash is at or below its stratum's threshold (strictly below
+    where ``ties`` names the stratum: its boundary rows are added by :func:`take_ties`)."""
     cond = F.lit(False)
+    ties = ties or {}
     for s, t in thresholds.items():
         if t is not None:
-            cond = cond | (stratum.eqNullSafe(F.lit(s)) & (h <= F.lit(t)))
+            below = (h < F.lit(t)) if _key(s) in ties else (h <= F.lit(t))
+            cond = cond | (stratum.eqNullSafe(F.lit(s)) & below)
     return cond
+
+
+def _key(stratum) -> str:
+    """A stratum as a JSON object key (the plan is JSON: its keys are strings)."""
+    return json.dumps(stratum)
+
+
+def take_ties(dataset: DataFrame, kept: DataFrame, h: Column, stratum: Column, thresholds: dict,
+              ties: dict) -> DataFrame:
+    """``kept`` plus, per stratum in ``ties``, exactly the number of boundary rows needed."""
+    for s, t in thresholds.items():
+        k = ties.get(_key(s))
+        if k:
+            extra = dataset.where(stratum.eqNullSafe(F.lit(s)) & (h == F.lit(t))).limit(int(k))
+            kept = kept.unionByName(extra)
+    return kept
 
 
 # -- the training-only contract, shared by every sampler model ----------------------------
@@ -143,7 +226,14 @@ class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
         missing = [c for c in cols if c not in dataset.columns]
         if missing:
             raise ValueError(f"columns {missing} that decided the sample at fit are missing from the input")
-        return row_hash(cols, seed)
+        return row_hash(cols, seed, dataset.schema)
+
+    def _keep(self, dataset: DataFrame, stratum: Column, thresholds: dict) -> DataFrame:
+        """The rows under their stratum's threshold, boundary duplicates taken exactly."""
+        h = self._hash(dataset, self.getSeed())
+        ties = self._plan.get("ties", {})
+        kept = dataset.where(threshold_condition(h, stratum, thresholds, ties))
+        return take_ties(dataset, kept, h, stratum, thresholds, ties) if ties else kept
 
     def sample(self, dataset: DataFrame) -> DataFrame:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -176,9 +266,22 @@ def _finish(estimator: Estimator, model: _SamplerModel, dataset: DataFrame) -> _
     return model
 
 
+class _HasKeyCols(Params):
+    keyCols = Param(Params._dummy(), "keyCols",
+                    "columns whose values identify a row and decide its membership (empty = every column)",
+                    typeConverter=TypeConverters.toListString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(keyCols=[])
+
+    def _hash_cols(self, dataset: DataFrame) -> list[str]:
+        return hash_columns(dataset.schema, self.getOrDefault(self.keyCols))
+
+
 # -- uniform -------------------------------------------------------------------------------
 
-class _UniformParams(HasSeed):
+class _UniformParams(HasSeed, _HasKeyCols):
     fraction = Param(Params._dummy(), "fraction", "share of rows to keep, in (0, 1] (approximate)",
                      typeConverter=TypeConverters.toFloat)
     targetCount = Param(Params._dummy(), "targetCount", "exact number of rows to keep (>= 0)",
@@ -194,7 +297,8 @@ class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultPa
     ``targetCount`` rows (hash thresholds). Set exactly one of the two."""
 
     @keyword_only
-    def __init__(self, *, fraction: float | None = None, targetCount: int | None = None, seed: int = 42):
+    def __init__(self, *, fraction: float | None = None, targetCount: int | None = None, seed: int = 42,
+                 keyCols: list[str] | None = None):
         super().__init__()
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -202,7 +306,7 @@ class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultPa
         has_f, has_n = self.isSet(self.fraction), self.isSet(self.targetCount)
         if has_f == has_n:
             raise ValueError("set exactly one of fraction and targetCount")
-        cols = hashable_columns(dataset.schema)
+        cols = self._hash_cols(dataset)
         if has_f:
             f = self.getOrDefault(self.fraction)
             if not 0 < f <= 1:
@@ -212,11 +316,12 @@ class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultPa
             n = self.getOrDefault(self.targetCount)
             if n < 0:
                 raise ValueError(f"targetCount must be >= 0, got {n}")
-            thresholds, sizes = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.lit(_ALL), {_ALL: n})
+            h = row_hash(cols, self.getSeed(), dataset.schema)
+            thresholds, sizes, ties = exact_thresholds(dataset, h, F.lit(_ALL), {_ALL: n})
             rows = sizes.get(_ALL, 0)
             if n > rows:
                 raise ValueError(f"targetCount={n} is more than the {rows} rows of the input")
-            plan = {"mode": "count", "threshold": thresholds[_ALL], "rows_in": rows, "rows_out": n}
+            plan = {"mode": "count", "threshold": thresholds[_ALL], "rows_in": rows, "rows_out": n, "ties": ties}
         return _finish(self, UniformSamplerModel(hashCols=cols, plan=plan), dataset)
 
 
@@ -225,12 +330,9 @@ class UniformSamplerModel(_SamplerModel, _UniformParams):
 
     def sample(self, dataset: DataFrame) -> DataFrame:
         plan = self._plan
-        h = self._hash(dataset, self.getSeed())
         if plan["mode"] == "fraction":
-            return dataset.where(hash_uniform(h) < F.lit(plan["fraction"]))
-        if plan["threshold"] is None:
-            return dataset.where(F.lit(False))
-        return dataset.where(h <= F.lit(plan["threshold"]))
+            return dataset.where(hash_uniform(self._hash(dataset, self.getSeed())) < F.lit(plan["fraction"]))
+        return self._keep(dataset, F.lit(_ALL), {_ALL: plan["threshold"]})
 
     @property
     def summary(self) -> dict:
@@ -239,7 +341,7 @@ class UniformSamplerModel(_SamplerModel, _UniformParams):
 
 # -- stratified ----------------------------------------------------------------------------
 
-class _StratifiedParams(HasSeed, HasHandleInvalid):
+class _StratifiedParams(HasSeed, HasHandleInvalid, _HasKeyCols):
     stratumCol = Param(Params._dummy(), "stratumCol", "column whose values are the strata",
                        typeConverter=TypeConverters.toString)
     fractions = Param(Params._dummy(), "fractions",
@@ -268,7 +370,8 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
 
     @keyword_only
     def __init__(self, *, stratumCol: str | None = None, fractions: dict | str | None = None,
-                 targetCounts: dict | str | None = None, seed: int = 42, handleInvalid: str = "error"):
+                 targetCounts: dict | str | None = None, seed: int = 42, handleInvalid: str = "error",
+                 keyCols: list[str] | None = None):
         super().__init__()
         self._set(**{k: _as_json(v) for k, v in self._input_kwargs.items() if v is not None})
 
@@ -313,12 +416,13 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
                 chosen[s] = want
             return chosen
 
-        cols = hashable_columns(dataset.schema)
-        thresholds, sizes = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(col), decide)
+        cols = self._hash_cols(dataset)
+        h = row_hash(cols, self.getSeed(), dataset.schema)
+        thresholds, sizes, ties = exact_thresholds(dataset, h, F.col(col), decide)
         targets = chosen
         plan = {"strata": [{"stratum": s, "rows_in": sizes[s], "rows_out": targets[s],
                             "threshold": thresholds[s]} for s in targets],
-                "shortfall": shortfall,
+                "shortfall": shortfall, "ties": ties,
                 "rows_in": sum(sizes.values()),
                 "rows_unlisted_strata": sum(n for s, n in sizes.items() if s not in targets)}
         return _finish(self, StratifiedSamplerModel(hashCols=cols, plan=plan), dataset)
@@ -332,7 +436,7 @@ class StratifiedSamplerModel(_SamplerModel, _StratifiedParams):
         if col not in dataset.columns:
             raise ValueError(f"stratumCol {col!r} is not a column of the input")
         thresholds = {s["stratum"]: s["threshold"] for s in self._plan["strata"]}
-        return dataset.where(threshold_condition(self._hash(dataset, self.getSeed()), F.col(col), thresholds))
+        return self._keep(dataset, F.col(col), thresholds)
 
     @property
     def summary(self) -> dict:
@@ -345,7 +449,7 @@ class StratifiedSamplerModel(_SamplerModel, _StratifiedParams):
 
 # -- class rebalancing ----------------------------------------------------------------------
 
-class _ClassBalanceParams(HasLabelCol, HasWeightCol, HasSeed, HasHandleInvalid):
+class _ClassBalanceParams(HasLabelCol, HasWeightCol, HasSeed, HasHandleInvalid, _HasKeyCols):
     majorityRatio = Param(Params._dummy(), "majorityRatio",
                           "rows kept in each majority class per minority-class row (> 0)",
                           typeConverter=TypeConverters.toFloat)
@@ -374,9 +478,10 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
 
     @keyword_only
     def __init__(self, *, labelCol: str = "label", weightCol: str = "sample_weight",
-                 majorityRatio: float = 1.0, seed: int = 42, handleInvalid: str = "error"):
+                 majorityRatio: float = 1.0, seed: int = 42, handleInvalid: str = "error",
+                 keyCols: list[str] | None = None):
         super().__init__()
-        self._set(**self._input_kwargs)
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _fit(self, dataset: DataFrame) -> "ClassBalanceSamplerModel":
         label, wcol = self.getLabelCol(), self.getWeightCol()
@@ -406,15 +511,17 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
             state.update(counts=counts, nulls=nulls, targets=targets)
             return targets
 
-        cols = hashable_columns(dataset.schema)
-        thresholds, _ = exact_thresholds(dataset, row_hash(cols, self.getSeed()), F.col(label), decide)
+        cols = self._hash_cols(dataset)
+        h = row_hash(cols, self.getSeed(), dataset.schema)
+        thresholds, _, ties = exact_thresholds(dataset, h, F.col(label), decide)
         counts, nulls = state["counts"], state["nulls"]
         targets = state["targets"]
         n_in, n_out = sum(counts.values()), sum(targets.values())
         stats = [{"label": c, "rows_in": counts[c], "rows_out": targets[c], "threshold": thresholds[c],
                   "weight": (counts[c] / targets[c]) * (n_out / n_in) if targets[c] else 0.0}
                  for c in sorted(counts, key=str)]
-        model = ClassBalanceSamplerModel(hashCols=cols, plan={"classes": stats, "skipped_null_label": nulls})
+        model = ClassBalanceSamplerModel(hashCols=cols, plan={"classes": stats, "skipped_null_label": nulls,
+                                                              "ties": ties})
         return _finish(self, model, dataset)
 
 
@@ -437,9 +544,8 @@ class ClassBalanceSamplerModel(_SamplerModel, _ClassBalanceParams):
         if wcol in dataset.columns:
             raise ValueError(f"weightCol {wcol!r} already exists in the input; choose another name")
         classes = self._plan["classes"]
-        keep = threshold_condition(self._hash(dataset, self.getSeed()), F.col(label),
-                                   {c["label"]: c["threshold"] for c in classes})
+        kept = self._keep(dataset, F.col(label), {c["label"]: c["threshold"] for c in classes})
         weight = F.lit(0.0)
         for c in classes:
             weight = F.when(F.col(label) == F.lit(c["label"]), F.lit(float(c["weight"]))).otherwise(weight)
-        return dataset.where(keep).withColumn(wcol, weight)
+        return kept.withColumn(wcol, weight)

@@ -36,7 +36,8 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ._vectors import (feature_names, handle_invalid_rows, require_new, require_numeric, require_vector,
+from ._vectors import (feature_names, guard_input, handle_invalid_rows, label_summary, lengths,
+                       require_categorical_label, require_new, require_numeric, require_one_length, require_vector,
                        vector_size)
 
 
@@ -46,6 +47,9 @@ class _SelectorParams(HasFeaturesCol, HasOutputCol, HasHandleInvalid):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(featuresCol="features", outputCol="selected", handleInvalid="error")
+
+    def setHandleInvalid(self, value: str):
+        return self._set(handleInvalid=value)
 
     def setFeaturesCol(self, value: str):
         return self._set(featuresCol=value)
@@ -107,9 +111,17 @@ class SelectorModel(Model, _SelectorParams, DefaultParamsReadable, DefaultParams
         self._check_io(dataset)
         if not self.selected:
             raise ValueError(f"{type(self).__name__} selected no features; loosen its threshold")
-        slicer = VectorSlicer(inputCol=self.getFeaturesCol(), outputCol=self.getOutputCol(),
-                              indices=self.selected)
-        return slicer.transform(dataset)
+        col, out = self.getFeaturesCol(), self.getOutputCol()
+        size = len(self.getOrDefault(self.featureNames))
+        # NaN passes through a slice unchanged (it invents no number), so only null rows and
+        # vectors of another length than at fit are invalid here.
+        guarded, checked, finish = guard_input(dataset, col, size, finite=False, mode=self.getHandleInvalid(),
+                                               stage=type(self).__name__, param="featuresCol")
+        slicer = VectorSlicer(inputCol=checked, outputCol=out, indices=self.selected)
+        sliced = slicer.transform(guarded)
+        attrs = sliced.schema[out].metadata
+        return (sliced.withColumn(out, finish(F.col(out)).alias(out, metadata=attrs))
+                .drop(*[c for c in sliced.columns if c.startswith(f"__{type(self).__name__}_")]))
 
 
 def _finite_or_none(x) -> float | None:
@@ -131,26 +143,47 @@ class _SelectorBase(Estimator, _SelectorParams):
         col = self.getFeaturesCol()
         return feature_names(dataset.schema, col, size if size is not None else vector_size(dataset, col))
 
+    def _label(self) -> str | None:
+        return self.getLabelCol() if self.hasParam("labelCol") else None
+
     def _compute(self, dataset: DataFrame, fn) -> tuple[Any, int]:
         """Run ``fn(df) -> (result, finite)`` once; look for invalid rows only if the result
         shows some (non-finite) or MLlib failed on them (null vectors), so clean data
-        costs no extra pass. Returns the result and the number of rows skipped."""
+        costs no extra pass. Rows with a null or non-finite label are invalid too.
+        Returns the result and the number of rows skipped."""
         col, mode = self.getFeaturesCol(), self.getHandleInvalid()
         failure = None
         try:
             result, finite = fn(dataset)
             if finite or mode == "keep":
                 return result, 0
-        except Exception as exc:  # noqa: BLE001 - MLlib aggregators fail on null vectors
+        except ValueError:
+            raise  # our own checks (e.g. vectors of different lengths)
+        except Exception as exc:  # noqa: BLE001 - MLlib aggregators fail on null vectors / no rows
+            if dataset.isEmpty():
+                raise ValueError(f"{type(self).__name__}: the input has no rows") from None
+            self._require_one_length(dataset)
             if mode == "keep":
                 raise
             failure = exc
-        clean, skipped = handle_invalid_rows(dataset, col, mode)  # raises for 'error'
+        clean, skipped = handle_invalid_rows(dataset, col, mode, self._label())  # raises for 'error'
         if not skipped:
             if failure is not None:
                 raise failure
             return result, 0
+        if clean.isEmpty():
+            raise ValueError(f"{type(self).__name__}: all {skipped} rows of the input are invalid")
         return fn(clean)[0], skipped
+
+    def _require_one_length(self, dataset: DataFrame) -> None:
+        """After MLlib failed: was it vectors of different lengths? Name the column if so."""
+        from pyspark.ml.functions import vector_to_array
+        col = self.getFeaturesCol()
+        n = F.size(vector_to_array(F.col(col)))
+        row = dataset.where(F.col(col).isNotNull()).select(F.min(n).alias("lo"), F.max(n).alias("hi")).first()
+        if row["lo"] is not None and row["lo"] != row["hi"]:
+            raise ValueError(f"{type(self).__name__}: featuresCol {col!r} holds vectors of different lengths "
+                             f"(from {row['lo']} to {row['hi']})") from None
 
     def _make(self, selected, names, scores, skipped) -> SelectorModel:
         model = self._model_class(selectedFeatures=sorted(int(i) for i in selected),
@@ -188,14 +221,18 @@ class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritab
             raise ValueError(f"varianceThreshold must be >= 0, got {t}")
         self._check_io(dataset)
         col = self.getFeaturesCol()
+        size = vector_size(dataset, col)
 
         def variances(df):
             var = df.select(Summarizer.metrics("variance").summary(F.col(col)).alias("s")).first()["s"]["variance"]
             var = var.toArray()
+            if len(var) != size:
+                raise ValueError(f"featuresCol {col!r} holds vectors of different lengths "
+                                 f"({len(var)} and {size})")
             return var, bool(np.isfinite(var).all())
 
         var, skipped = self._compute(dataset, variances)
-        names = self._names(dataset, len(var))
+        names = self._names(dataset, size)
         return self._make(np.flatnonzero(var > t), names, var, skipped)
 
 
@@ -233,7 +270,9 @@ class MissingRateSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWri
 
         def rates_of(df):
             row = nan_counts(df, col, len(names))
-            rates = row[1] / max(row[0], 1)
+            if row[0] == 0:
+                raise ValueError(f"MissingRateSelector: the input has no rows")
+            rates = row[1] / row[0]
             return rates, bool(row[2] == 0)
 
         rates, skipped = self._compute(dataset, rates_of)
@@ -248,19 +287,27 @@ def nan_counts(df: DataFrame, col: str, size: int) -> tuple[int, np.ndarray, int
 
     def per_partition(batches):
         rows, bad, counts = 0, 0, np.zeros(size, dtype=np.int64)
+        lo = hi = None
         for batch in batches:
             arr = batch.column(0)
             valid = arr.drop_null() if arr.null_count else arr
             bad += arr.null_count
-            if len(valid):
-                m = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), size)
-                counts += np.isnan(m).sum(axis=0)
-                bad += int(np.isinf(m).any(axis=1).sum())
             rows += len(arr)
-        yield pa.RecordBatch.from_pydict({"rows": [rows], "bad": [bad], "nan": [counts.tolist()]})
+            if not len(valid):
+                continue
+            a, b = lengths(valid)
+            lo, hi = a if lo is None else min(lo, a), b if hi is None else max(hi, b)
+            if a != size or b != size:
+                continue  # the driver raises, naming the column
+            m = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), size)
+            counts += np.isnan(m).sum(axis=0)
+            bad += int(np.isinf(m).any(axis=1).sum())
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "bad": [bad], "len_lo": pa.array([lo], pa.int64()),
+                                          "len_hi": pa.array([hi], pa.int64()), "nan": [counts.tolist()]})
 
     parts = (df.select(F.when(F.col(col).isNotNull(), vector_to_array(F.col(col))).alias("v"))
-             .mapInArrow(per_partition, "rows long, bad long, nan array<long>").collect())
+             .mapInArrow(per_partition, "rows long, bad long, len_lo long, len_hi long, nan array<long>").collect())
+    require_one_length(parts, col, size)
     total = sum(r["rows"] for r in parts)
     nan = np.sum([r["nan"] for r in parts], axis=0) if parts else np.zeros(size)
     return total, np.asarray(nan, dtype=float), sum(r["bad"] for r in parts)
@@ -316,21 +363,44 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _threshold(self) -> float:
+        """The threshold for the mode, checked: k a whole number >= 1; a percentile or a
+        p-value limit in (0, 1]."""
         mode = self.getOrDefault(self.selectionMode)
-        if self.isSet(self.selectionThreshold):
-            return self.getOrDefault(self.selectionThreshold)
-        return {"numTopFeatures": 50, "percentile": 0.1}.get(mode, 0.05)
+        if not self.isSet(self.selectionThreshold):
+            return {"numTopFeatures": 50, "percentile": 0.1}.get(mode, 0.05)
+        t = self.getOrDefault(self.selectionThreshold)
+        if mode == "numTopFeatures":
+            if not (t >= 1 and float(t).is_integer()):
+                raise ValueError(f"selectionThreshold for selectionMode='numTopFeatures' is a number of "
+                                 f"features (a whole number >= 1), got {t}")
+        elif not 0 < t <= 1:
+            what = "a fraction of the features" if mode == "percentile" else "a p-value limit"
+            raise ValueError(f"selectionThreshold for selectionMode={mode!r} is {what}, in (0, 1]; got {t}")
+        return t
 
     def _fit(self, dataset: DataFrame) -> UnivariateSelectorModel:
         kind = (self.getOrDefault(self.featureType), self.getOrDefault(self.labelType))
         if kind not in _TESTS:
             raise ValueError(f"featureType={kind[0]!r} with labelType={kind[1]!r} has no test; "
                              f"supported: {sorted(_TESTS)}")
-        mode, threshold = self.getOrDefault(self.selectionMode), self._threshold()
+        mode = self.getOrDefault(self.selectionMode)
         if mode not in ("numTopFeatures", "percentile", "fpr", "fdr", "fwe"):
             raise ValueError(f"selectionMode {mode!r} is not one of numTopFeatures, percentile, fpr, fdr, fwe")
+        threshold = self._threshold()
         require_numeric(dataset.schema, self.getLabelCol())
         self._check_io(dataset)
+        label = self.getLabelCol()
+        if kind[1] == "categorical":
+            require_categorical_label(dataset, label, "UnivariateSelector",
+                                      "For a continuous label set labelType='continuous' (F-regression).")
+        else:
+            stats = label_summary(dataset, label)
+            if stats["rows"] == 0:
+                raise ValueError("UnivariateSelector: the input has no rows")
+            if stats["valid"] and stats["min"] == stats["max"]:
+                raise ValueError(f"UnivariateSelector: labelCol {label!r} is constant ({stats['min']}): "
+                                 "F-regression against it is undefined")
+
         def run(df):
             stats, p = univariate_test(df, self.getFeaturesCol(), self.getLabelCol(), _TESTS[kind])
             return (stats, p), bool(np.isfinite(stats).all())
@@ -341,6 +411,10 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
             raise ValueError(f"selectionThreshold (numTopFeatures) = {int(threshold)} is larger than the "
                              f"{len(names)} features of {self.getFeaturesCol()!r}")
         selected = select_by_pvalue(p_values, stats, mode, threshold)
+        if not selected:
+            raise ValueError(f"UnivariateSelector selected none of the {len(names)} features of "
+                             f"{self.getFeaturesCol()!r} with selectionMode={mode!r} and selectionThreshold="
+                             f"{threshold}; loosen the threshold")
         model = self._make(selected, names, stats, skipped)
         model._set(pValues=json.dumps([_finite_or_none(p) for p in p_values]))
         return model
@@ -411,9 +485,10 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
             raise ValueError(f"maxCorrelation must be in (0, 1], got {limit}")
         require_numeric(dataset.schema, self.getLabelCol())
         self._check_io(dataset)
+        size = vector_size(dataset, self.getFeaturesCol())
 
         def run(df):
-            c = correlation_with_label(df, self.getFeaturesCol(), self.getLabelCol())
+            c = correlation_with_label(df, self.getFeaturesCol(), self.getLabelCol(), size)
             return c, bool(np.isfinite(c).all())
 
         corr, skipped = self._compute(dataset, run)
@@ -440,16 +515,19 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
         return self._make(np.flatnonzero(keep), names, to_label, skipped)
 
 
-def correlation_with_label(df: DataFrame, features: str, label: str) -> np.ndarray:
-    """The (p+1) x (p+1) Pearson matrix of the features and the label, from one pass of
-    :func:`~sparkdeep.transformers.pca.centred_scatter` (numpy per Arrow batch). NaN
-    where a column is constant; rows with non-finite values are left out."""
+def correlation_with_label(df: DataFrame, features: str, label: str, size: int) -> np.ndarray:
+    """The (p+1) x (p+1) Pearson matrix of the ``size`` features and the label, from one
+    pass of :func:`~sparkdeep.transformers.pca.centred_scatter` (numpy per Arrow batch).
+    NaN where a column is constant; rows with a null vector or label, or non-finite
+    values, are left out and signalled by a NaN at [0, 0]."""
     from pyspark.ml.functions import vector_to_array
 
     from .pca import centred_scatter
     values = F.when(F.col(features).isNotNull() & F.col(label).isNotNull(),
                     F.concat(vector_to_array(F.col(features)), F.array(F.col(label).cast("double"))))
-    _, _, scatter, bad = centred_scatter(df, features, values=values)
+    n, _, scatter, bad = centred_scatter(df, features, size + 1, values=values, appended=1)
+    if n == 0 and not bad:
+        raise ValueError(f"CorrelationSelector: the input has no rows")
     std = np.sqrt(np.diag(scatter))
     with np.errstate(divide="ignore", invalid="ignore"):
         corr = scatter / np.outer(std, std)

@@ -75,7 +75,7 @@ def test_estimator_validates_on_the_driver(cancer):
         KerasHorovodEstimator(featuresCol="nope").fit(cancer)
     with pytest.raises(TypeError, match="featuresCol 'id' must be a vector"):
         KerasHorovodEstimator(featuresCol="id").fit(cancer)
-    with pytest.raises(ValueError, match="numProc=8 exceeds the 2 task slots"):
+    with pytest.raises(ValueError, match="numProc=8 exceeds the 2 tasks Spark can run at once"):
         KerasHorovodEstimator(numProc=8).fit(cancer)
     with pytest.raises(ValueError, match="modelBuilder 'no_such.module:f' cannot be imported"):
         KerasHorovodEstimator(modelBuilder="no_such.module:f").fit(cancer)
@@ -216,10 +216,13 @@ def test_multiclass_softmax_model_scores_class_probabilities(spark):
     df = spark.createDataFrame(rows, ["id", "label"] + [f"p{j}" for j in range(64)])
     df = VectorAssembler(inputCols=[f"p{j}" for j in range(64)], outputCol="features").transform(df) \
         .select("id", "label", "features").cache()
-    model = KerasHorovodEstimator(modelBuilder="sparkdeep.transformers.keras_models:mlp_classifier",
-                                  modelArgs={"num_classes": 10, "hidden_units": [32], "dropout": 0.0},
-                                  loss="sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"],
-                                  numProc=2, epochs=8, batchSize=32, learningRate=0.005).fit(df)
+    # No builder named: the loss picks the softmax MLP and the labels its 10 units; 'accuracy'
+    # resolves to sparse categorical accuracy for k classes (issue 10: it was binary accuracy).
+    model = KerasHorovodEstimator(modelArgs={"hidden_units": [32], "dropout": 0.0},
+                                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                                  validationFraction=0.2, numProc=2, epochs=8, batchSize=32,
+                                  learningRate=0.005).fit(df)
+    assert model.trainingSummary["history"][-1]["val_accuracy"] > 0.8
     scored = model.transform(df)
     probs = np.array([r[0] for r in scored.select(vector_to_array("probability")).collect()])
     assert probs.shape == (len(d.target), 10) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)

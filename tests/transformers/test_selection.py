@@ -108,7 +108,7 @@ def test_univariate_chi2_equals_contingency_chi2(digits):
 def test_correlation_selector_matches_numpy_and_keeps_label_related_feature(spark, cancer):
     df, x, y, names = cancer
     from sparkdeep.transformers.selection import correlation_with_label
-    corr = correlation_with_label(df, "features", "label")
+    corr = correlation_with_label(df, "features", "label", x.shape[1])
     np.testing.assert_allclose(corr, np.corrcoef(np.column_stack([x, y]), rowvar=False), atol=1e-9)
     model = CorrelationSelector(maxCorrelation=0.9).fit(df)
     # Of mean_radius / mean_perimeter (r ~ 0.998) at most one survives.

@@ -1,0 +1,215 @@
+"""Load a saved pipeline only after checking its folder, so that loading runs no code.
+
+``PipelineModel.load(path)`` trusts the folder: for each stage it imports whatever module
+the stage's ``metadata`` JSON names in ``class`` and calls that class's ``load`` on the
+stage folder. A folder edited to name ``tensorflow.saved_model`` (or any installed
+module) runs that module's import side effects and its ``load``. :func:`load_pipeline`
+first reads every metadata file (nested pipelines included), checks each class against
+:data:`ALLOWED_CLASSES` and every stage folder against the model folder, and only then
+hands the folder to MLlib. The checks import nothing, so this module imports no stage
+code either: the allow-list holds class names as strings.
+
+What stays trusted: whoever can write the folder can still swap in another valid model,
+or change the folder between these checks and MLlib's reads. Protect the folder with
+filesystem permissions (README: "Saved models: what loading checks").
+
+Example
+-------
+>>> from sparkdeep import model_store
+>>> model = model_store.load_pipeline(spark, "output/models/pipeline")  # doctest: +SKIP
+>>> model.transform(df)                                                 # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from typing import Any
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+
+from sparkdeep import fs
+
+
+class UnsafeModelError(ValueError):
+    """A saved model folder that loading refuses: a class not on the allow-list, a path
+    leaving the folder, malformed metadata, or a network file that fails its checks."""
+
+
+def _names(prefix: str, names: str) -> frozenset[str]:
+    return frozenset(f"{prefix}.{n}" for n in names.split())
+
+
+_PIPELINE_MODELS = frozenset({"pyspark.ml.pipeline.PipelineModel", "org.apache.spark.ml.PipelineModel"})
+_PIPELINES = _PIPELINE_MODELS | {"pyspark.ml.pipeline.Pipeline", "org.apache.spark.ml.Pipeline"}
+
+#: Every ``class`` a metadata file may name, exactly as it is written there: MLlib's
+#: JVM-backed stages are written by the JVM under ``org.apache.spark.ml...`` names,
+#: Python stages under their module path. Estimators are listed so that a saved,
+#: unfitted ``Pipeline`` loads too. Left out on purpose: ``SQLTransformer`` (its
+#: statement is code), ``RFormula`` and the meta-estimators (``OneVsRest``,
+#: ``CrossValidator``), whose nested stages MLlib loads past these checks.
+ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.feature", """
+    Binarizer Bucketizer BucketedRandomProjectionLSH BucketedRandomProjectionLSHModel
+    ChiSqSelector ChiSqSelectorModel CountVectorizer CountVectorizerModel DCT
+    ElementwiseProduct FeatureHasher HashingTF IDF IDFModel Imputer ImputerModel
+    IndexToString Interaction MaxAbsScaler MaxAbsScalerModel MinHashLSH MinHashLSHModel
+    MinMaxScaler MinMaxScalerModel NGram Normalizer OneHotEncoder OneHotEncoderModel PCA
+    PCAModel PolynomialExpansion QuantileDiscretizer RegexTokenizer RobustScaler
+    RobustScalerModel StandardScaler StandardScalerModel StopWordsRemover StringIndexer
+    StringIndexerModel TargetEncoder TargetEncoderModel Tokenizer UnivariateFeatureSelector
+    UnivariateFeatureSelectorModel VarianceThresholdSelector VarianceThresholdSelectorModel
+    VectorAssembler VectorIndexer VectorIndexerModel VectorSizeHint VectorSlicer Word2Vec
+    Word2VecModel""") | _names("org.apache.spark.ml.classification", """
+    LogisticRegression LogisticRegressionModel LinearSVC LinearSVCModel
+    DecisionTreeClassifier DecisionTreeClassificationModel RandomForestClassifier
+    RandomForestClassificationModel GBTClassifier GBTClassificationModel NaiveBayes
+    NaiveBayesModel MultilayerPerceptronClassifier MultilayerPerceptronClassificationModel
+    FMClassifier FMClassificationModel""") | _names("org.apache.spark.ml.regression", """
+    LinearRegression LinearRegressionModel GeneralizedLinearRegression
+    GeneralizedLinearRegressionModel DecisionTreeRegressor DecisionTreeRegressionModel
+    RandomForestRegressor RandomForestRegressionModel GBTRegressor GBTRegressionModel
+    IsotonicRegression IsotonicRegressionModel AFTSurvivalRegression
+    AFTSurvivalRegressionModel FMRegressor FMRegressionModel""") | _names("sparkdeep.transformers.sampling", """
+    UniformSampler UniformSamplerModel StratifiedSampler StratifiedSamplerModel
+    ClassBalanceSampler ClassBalanceSamplerModel""") | _names("sparkdeep.transformers.selection", """
+    SelectorModel VarianceSelector VarianceSelectorModel MissingRateSelector
+    MissingRateSelectorModel UnivariateSelector UnivariateSelectorModel CorrelationSelector
+    CorrelationSelectorModel ModelImportanceSelector ModelImportanceSelectorModel""") | _names(
+    "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
+    "sparkdeep.transformers.keras_estimator", "KerasHorovodModel")
+
+# MLlib names a stage folder ``<index>_<uid>``; a uid is a class-like prefix, "_" and hex.
+# Anything with a separator could step out of ``stages/``.
+_UID = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def python_class(name: str) -> str:
+    """The Python class MLlib imports for a metadata ``class``.
+
+    The same rule as ``pyspark.ml.util.DefaultParamsReader.loadParamsInstance``: a
+    ``pyspark.ml.`` name as written, otherwise ``org.apache.spark`` becomes ``pyspark``.
+    """
+    return name if name.startswith("pyspark.ml.") else name.replace("org.apache.spark", "pyspark")
+
+
+def check(spark: SparkSession, path: str) -> list[tuple[str, str]]:
+    """Check a saved model folder without importing anything from it.
+
+    Parameters
+    ----------
+    spark : SparkSession
+        Reads the metadata files (any Hadoop path: local, ``file://``, ``hdfs://``).
+    path : str
+        The folder ``Pipeline.save`` / ``PipelineModel.save`` (or a stage's ``save``) wrote.
+
+    Returns
+    -------
+    list of (str, str)
+        ``(folder, class)`` of the folder and of every stage under it, depth first.
+
+    Raises
+    ------
+    UnsafeModelError
+        Naming the folder or file: a symbolic link out of a local folder, a missing or
+        malformed metadata file, a class not in :data:`ALLOWED_CLASSES`, or a stage uid
+        that would put the stage folder outside ``stages/``.
+    """
+    local = fs.local_path(spark, path)
+    if local is not None:
+        _check_links(local)
+    found: list[tuple[str, str]] = []
+    _check_stage(spark, path, found)
+    return found
+
+
+def load(spark: SparkSession, path: str) -> Any:
+    """Check ``path`` (:func:`check`), then load it with MLlib: a pipeline or one stage."""
+    cls = check(spark, path)[0][1]
+    module, _, name = python_class(cls).rpartition(".")
+    # Only an allow-listed name reaches this import.
+    return getattr(importlib.import_module(module), name).load(path)
+
+
+def load_pipeline(spark: SparkSession, path: str):
+    """Check ``path`` (:func:`check`), then ``PipelineModel.load`` it.
+
+    Raises
+    ------
+    UnsafeModelError
+        As :func:`check`, or when the folder holds something other than a fitted pipeline.
+    """
+    from pyspark.ml import PipelineModel
+
+    folder, cls = check(spark, path)[0]
+    if cls not in _PIPELINE_MODELS:
+        raise UnsafeModelError(f"{folder}: holds a {cls}, not a fitted PipelineModel")
+    return PipelineModel.load(path)
+
+
+def _check_stage(spark: SparkSession, folder: str, found: list[tuple[str, str]]) -> None:
+    meta = _read_metadata(spark, folder)
+    cls = meta["class"]
+    if cls not in ALLOWED_CLASSES:
+        raise UnsafeModelError(
+            f"{folder}: class {cls!r} in its metadata is not one sparkdeep loads (refused before "
+            f"importing anything). If it is a legitimate stage, add it to "
+            f"sparkdeep.model_store.ALLOWED_CLASSES")
+    found.append((folder, cls))
+    if cls not in _PIPELINES:
+        return
+    uids = meta.get("paramMap", {}).get("stageUids")
+    if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
+        raise UnsafeModelError(f"{folder}/metadata: paramMap.stageUids must be a list of strings, got {uids!r}")
+    for index, uid in enumerate(uids):
+        if not _UID.fullmatch(uid):
+            raise UnsafeModelError(f"{folder}/metadata: stage uid {uid!r} would name a folder outside "
+                                   f"{folder}/stages; a uid has only letters, digits, '_', '.' and '-'")
+        # The path PipelineSharedReadWrite.getStagePath builds.
+        name = str(index).zfill(len(str(len(uids)))) + "_" + uid
+        _check_stage(spark, os.path.join(folder, "stages", name), found)
+
+
+def _read_metadata(spark: SparkSession, folder: str) -> dict:
+    """The one JSON line MLlib's ``DefaultParamsReader.loadMetadata`` would read.
+
+    Read the same way (``spark.read.text`` of ``<folder>/metadata``) so both see the same
+    files; more than one line is refused, as MLlib would silently take the first.
+    """
+    where = os.path.join(folder, "metadata")
+    try:
+        lines = [r[0] for r in spark.read.text(where).collect() if r[0].strip()]
+    except AnalysisException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsafeModelError(f"{where}: no metadata to read ({first})") from None
+    except Exception as e:  # a Py4J error from the executor, whose text names the Java cause
+        if "ChecksumException" not in str(e):
+            raise
+        raise UnsafeModelError(f"{where}: checksum failure (the metadata does not match its Hadoop "
+                               ".crc side file: it was changed after it was written)") from e
+    if len(lines) != 1:
+        raise UnsafeModelError(f"{where}: holds {len(lines)} non-empty lines; MLlib metadata is one JSON line")
+    try:
+        meta = json.loads(lines[0])
+    except json.JSONDecodeError as e:
+        raise UnsafeModelError(f"{where}: metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("class"), str) or not isinstance(meta.get("uid"), str):
+        raise UnsafeModelError(f"{where}: metadata must be a JSON object with string 'class' and 'uid' fields")
+    return meta
+
+
+def _check_links(root: str) -> None:
+    """No symbolic link under a local model folder may lead outside it."""
+    real_root = os.path.realpath(root)
+    for dirpath, dirnames, filenames in os.walk(root):  # links are listed, not followed
+        for name in dirnames + filenames:
+            entry = os.path.join(dirpath, name)
+            if os.path.islink(entry):
+                target = os.path.realpath(entry)
+                if os.path.commonpath([target, real_root]) != real_root:
+                    raise UnsafeModelError(f"{entry}: a symbolic link to {target}, outside the model folder {root}")
+
+
+__all__ = ["ALLOWED_CLASSES", "UnsafeModelError", "check", "load", "load_pipeline", "python_class"]

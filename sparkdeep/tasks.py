@@ -1,0 +1,63 @@
+"""The three supervised tasks, and what each means for losses, outputs, labels and metrics.
+
+One table, read by the driver (to check a fit before any rank starts) and by the ranks
+(to build the metrics), so the two cannot disagree:
+
+- ``binary``: one sigmoid unit giving P(label = 1); labels 0 or 1.
+- ``multiclass``: k >= 2 softmax units; labels the class indices 0..k-1.
+- ``regression``: one unbounded unit; labels any finite number.
+
+A metric name resolves by task: ``accuracy`` is Keras' ``BinaryAccuracy`` for a binary
+network and ``SparseCategoricalAccuracy`` for k classes; ``auc`` exists for binary only.
+"""
+from __future__ import annotations
+
+TASKS = ("binary", "multiclass", "regression")
+
+# Keras loss names (as ``keras.losses.get`` takes them) -> the task they train.
+LOSS_TASK = {
+    "binary_crossentropy": "binary",
+    "binary_focal_crossentropy": "binary",
+    "sparse_categorical_crossentropy": "multiclass",
+    "mse": "regression", "mean_squared_error": "regression",
+    "mae": "regression", "mean_absolute_error": "regression",
+    "huber": "regression", "log_cosh": "regression",
+}
+
+# Metric name -> Keras metric class, per task.
+METRICS = {
+    "binary": {"accuracy": "BinaryAccuracy", "binary_accuracy": "BinaryAccuracy", "auc": "AUC",
+               "precision": "Precision", "recall": "Recall", "binary_crossentropy": "BinaryCrossentropy"},
+    "multiclass": {"accuracy": "SparseCategoricalAccuracy",
+                   "sparse_categorical_accuracy": "SparseCategoricalAccuracy",
+                   "sparse_top_k_categorical_accuracy": "SparseTopKCategoricalAccuracy",
+                   "sparse_categorical_crossentropy": "SparseCategoricalCrossentropy"},
+    "regression": {"mse": "MeanSquaredError", "mae": "MeanAbsoluteError", "rmse": "RootMeanSquaredError",
+                   "mean_squared_error": "MeanSquaredError", "mean_absolute_error": "MeanAbsoluteError",
+                   "root_mean_squared_error": "RootMeanSquaredError"},
+}
+
+# Every metric name some task accepts (what config validation can check without a task).
+METRIC_NAMES = frozenset(name for table in METRICS.values() for name in table)
+
+
+def task_for_loss(loss: str) -> str:
+    """The task a Keras loss name trains; a clear error for losses this project does not run."""
+    task = LOSS_TASK.get(str(loss).lower())
+    if task is None:
+        raise ValueError(f"loss {loss!r} is not supported; use one of {sorted(LOSS_TASK)} "
+                         "(binary: binary_crossentropy; k classes: sparse_categorical_crossentropy with labels "
+                         "0..k-1; regression: mse, mae, huber, log_cosh)")
+    return task
+
+
+def metric_class(name: str, task: str) -> str:
+    """The Keras metric class for ``name`` on a ``task`` network, or a clear error."""
+    table = METRICS[task]
+    cls = table.get(str(name).lower())
+    if cls is None:
+        fits = sorted(t for t, names in METRICS.items() if str(name).lower() in names)
+        why = f"it is for {' and '.join(fits)} networks" if fits else "it is unknown"
+        raise ValueError(f"metric {name!r} does not fit a {task} network ({why}); "
+                         f"metrics for {task}: {sorted(table)}")
+    return cls
