@@ -1,16 +1,14 @@
-"""What every job shares: arguments, config, the session, timing, the report, exit codes.
+"""What every job shares: arguments, config, the session, timing, exit codes.
 
 A job is a function ``step(spark, cfg, paths, run) -> dict``; :func:`main_for` turns it
-into a ``main()`` that works under ``python -m`` and ``spark-submit``: it takes the output
-folder's lock, opens the run's manifest (``sparkdeep.runs``), skips steps the run already
-finished, writes ``<output>/reports/<step>.json`` (and the run's copy) and exits non-zero
-with a one-line reason on failure.
+into a ``main()`` that works under ``python -m`` and ``spark-submit``. The run's life cycle
+(output lock, manifest, skipping finished or redoing stale steps, reports, the runs table)
+belongs to :class:`sparkdeep.runs.Run`; this module adds the command line, the Spark
+session and a one-line reason with an exit status on failure.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import traceback
@@ -18,7 +16,7 @@ from typing import Callable
 
 from sparkdeep import progress
 from sparkdeep.config import Config, ConfigError, default_conf_dir, load_config
-from sparkdeep.paths import Paths, write_json
+from sparkdeep.paths import Paths
 from sparkdeep.runs import StepRun
 
 Step = Callable[..., dict]
@@ -39,7 +37,8 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
                    help="name of the run; rerunning a run id skips its finished steps and resumes the "
                         "interrupted one (default: a new id, UTC time + random suffix)")
     p.add_argument("--force", action="store_true",
-                   help="redo the requested steps even if this run id finished them")
+                   help="redo the requested steps even if this run id finished them; the later steps "
+                        "that consume their outputs become stale and are redone, not skipped, next time")
     p.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
                    help="if another run holds the output folder, wait this long for it instead of "
                         "failing at once (default: 0)")
@@ -49,31 +48,16 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
 
 EPILOG = """exit status: 0 done (or every step already done for this run id), 1 a step failed,
 2 bad config or arguments, 3 another run holds the output folder.
-Outputs: <output>/tables (Delta), models/, reports/, runs/<run_id>/manifest.json and the
+Outputs: <output>/tables (Delta), models/runs/<run_id>/ (each run's models), models/latest.json
+(the models that last passed the quality gate), reports/, runs/<run_id>/manifest.json and the
 Delta table of runs at <output>/tables/runs."""
 
 
 def load(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
-    if args.output_dir:
+    if args.output_dir is not None:  # "" too: config refuses an empty output folder
         overrides.append(f"output_dir={args.output_dir}")
     return load_config(args.conf_dir, env=args.env, overrides=overrides)
-
-
-def write_report(paths: Paths, name: str, report: dict) -> str:
-    return write_json(paths.report(name), report)
-
-
-def read_report(paths: Paths, name: str, run_id: str | None = None) -> dict | None:
-    """A step's report: the run's own copy when ``run_id`` has one, else the latest."""
-    path = paths.run_report(run_id, name) if run_id else None
-    if not path or not os.path.exists(path):
-        path = paths.report(name)
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return None
 
 
 def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepRun | None = None,
@@ -92,48 +76,40 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
         report = step(spark, cfg, paths, run)
     report = {"step": name, "wall_s": round(time.time() - t0, 2), "run_id": run.run_id,
               "inputs": dict(run.inputs), "outputs": dict(run.outputs), **report}
+    if run.model_inputs or run.model_outputs:
+        report.update(model_inputs=dict(run.model_inputs), model_outputs=dict(run.model_outputs))
     if process_started is not None:
         report["process_wall_s"] = round(time.time() - process_started, 2)
-    write_report(paths, name, report)
-    if run.run_id:
-        write_json(paths.run_report(run.run_id, name), report)
+    run.save_report(report)
     print(f"[{name}] done in {report['wall_s']:.1f}s", flush=True)
     return report
 
 
 def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str) -> int:
-    """Run ``names`` in order as one run: lock the output, skip finished steps, keep the manifest."""
-    from sparkdeep.runs import Manifest, OutputLock, OutputLocked, check_run_id, new_run_id, record_run
+    """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status."""
+    from sparkdeep.runs import OutputLocked, Run, error_line
     label = app_name.removeprefix("sparkdeep-")
     t0 = time.time()
-    spark = manifest = None
-    current = None
+    run = None
     try:
         cfg = load(args)
-        run_id = check_run_id(args.run_id) if args.run_id else new_run_id()
-        paths = Paths.under(cfg.output_dir)
-        with OutputLock(paths.root, run_id, wait_s=args.wait_lock):
-            manifest = Manifest.open(paths, run_id, cfg, force=args.force)
-            print(f"[{label}] run {run_id}: manifest {manifest.path}", flush=True)
-            todo = [n for n in names if args.force or not manifest.done(n)]
-            for n in names:
-                if n not in todo:
-                    print(f"[{n}] already done in run {run_id}: skipped (--force redoes it)", flush=True)
-            if todo:
-                from sparkdeep.session import builder
-                spark = builder(cfg.spark, app_name=app_name).getOrCreate()
-                spark.sparkContext.setLogLevel("WARN")
-            for i, n in enumerate(todo, 1):
-                current = n
-                print(f"[{label}] step {i}/{len(todo)}: {n}", flush=True)
-                report = run_step(n, steps[n], spark, cfg, paths, manifest.start(n),
+        with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock) as run:
+            print(f"[{label}] run {run.run_id}: manifest {run.manifest.path}", flush=True)
+            for i, n in enumerate(names, 1):
+                # Asked step by step: redoing one step can make a later one stale.
+                if not run.pending(n):
+                    continue
+                if run.session is None:
+                    from sparkdeep.session import builder
+                    run.session = builder(cfg.spark, app_name=app_name).getOrCreate()
+                    run.session.sparkContext.setLogLevel("WARN")
+                print(f"[{label}] step {i}/{len(names)}: {n}", flush=True)
+                step_run = run.start(n)
+                report = run_step(n, steps[n], run.session, cfg, run.paths, step_run,
                                   process_started=t0 if len(names) == 1 else None)
-                manifest.finish(n, report)
-                current = None
-            if spark is not None:
-                record_run(spark, manifest)
-            print(f"[{label}] run {run_id} {manifest.data['status']}: "
-                  f"{sum(manifest.done(n) for n in names)}/{len(names)} requested steps done", flush=True)
+                run.finish(step_run, report)
+            print(f"[{label}] run {run.run_id} {run.manifest.data['status']}: "
+                  f"{sum(run.manifest.done(n) for n in names)}/{len(names)} requested steps done", flush=True)
     except ConfigError as exc:
         print(f"{label}: config error: {exc}", file=sys.stderr)
         return 2
@@ -143,16 +119,10 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         if args.traceback:
             traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        line = f"{type(exc).__name__}: {first}"
-        if manifest is not None and current is not None:
-            manifest.fail(current, line)
-            if spark is not None:
-                try:
-                    record_run(spark, manifest)
-                except Exception:  # noqa: BLE001 - the step's own error is the one to report
-                    pass
-        print(f"{label}: failed" + (f" in step {current}" if current else "") + f": {line}", file=sys.stderr)
+        step = run.current if run is not None else None
+        lost = f" (and the manifest could not record it: {run.unrecorded})" if run and run.unrecorded else ""
+        print(f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}{lost}",
+              file=sys.stderr)
         return 1
     return 0
 

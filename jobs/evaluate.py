@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 import sys
 
-from sparkdeep import tracking
+from sparkdeep import runs, tracking
 from sparkdeep.pipelines import report as rp
-from sparkdeep.pipelines.evaluate import binary_metrics
+from sparkdeep.pipelines.evaluate import binary_metrics, check_gate
 
-from sparkdeep.jobs._common import main_for, read_report
+from sparkdeep.jobs._common import main_for
 
-STEPS = ("ingest", "prepare", "train", "score")
+# The steps before this one, whose reports it summarises.
+STEPS = runs.STEPS[:runs.STEPS.index("evaluate")]
 
 
 def step(spark, cfg, paths, run) -> dict:
@@ -18,7 +19,7 @@ def step(spark, cfg, paths, run) -> dict:
     logreg_pred = run.read(spark, "baseline_predictions")
     keras = binary_metrics(keras_pred)
     logreg = binary_metrics(logreg_pred)
-    reports = {s: read_report(paths, s, run.run_id) or {} for s in STEPS}
+    reports = {s: run.report_of(s) or {} for s in STEPS}
     counts = {
         "ingest": {"in": reports["ingest"].get("rows_in"), "usable": reports["ingest"].get("rows_usable"),
                    "rejected": reports["ingest"].get("rows_rejected")},
@@ -45,6 +46,13 @@ def step(spark, cfg, paths, run) -> dict:
     result["tracking"] = tracking.log_evaluate(cfg, paths, run.run_id, result, [result["report_html"]])
     if result["tracking"]:
         print(f"[evaluate] MLflow run {result['tracking']['mlflow_run_id']} at {result['tracking']['uri']}", flush=True)
+    # Last, so that a model failing the gate still leaves its report and MLflow metrics.
+    result["gate"] = check_gate(keras, cfg.gate, runs.read_latest(paths))
+    pointer = run.promote(keras, evaluated="predictions")
+    result["promoted"] = pointer is not None
+    print(f"[evaluate] quality gate passed ({cfg.gate.metric}={keras[cfg.gate.metric]}); " +
+          (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
+           "the models evaluated are not this run's own: nothing promoted"), flush=True)
     return result
 
 

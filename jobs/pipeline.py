@@ -6,13 +6,14 @@ runs each step as its own process instead (same run id), as a scheduler would.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
-from sparkdeep.jobs import evaluate, ingest, prepare, score, train
+from sparkdeep import runs
 from sparkdeep.jobs._common import execute, parser
 
-STEPS = {"ingest": ingest.step, "prepare": prepare.step, "train": train.step,
-         "score": score.step, "evaluate": evaluate.step}
+# Step name -> its function, for every step of the one registry (sparkdeep.runs.STEPS).
+STEPS = {name: importlib.import_module(f"sparkdeep.jobs.{name}").step for name in runs.STEPS}
 
 
 def main(argv: list[str] | None = None) -> int:

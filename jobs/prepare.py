@@ -22,7 +22,7 @@ def step(spark, cfg, paths, run) -> dict:
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed)
     model = pipeline.fit(train)
-    model.write().overwrite().save(paths.model("prepare"))
+    run.save_model(model, "prepare")
     prepared = prep.prepared_training_data(model, train)
     prepared_ref = run.write(prepared.repartition(4), "train_prepared")
     train.unpersist()

@@ -5,12 +5,13 @@ training table as of that version, checks it against the recorded row count and 
 hash, and optionally writes it out (``--to``) for retraining or inspection. Works after
 later runs have overwritten the tables, as long as the old versions were not vacuumed.
 
-  python -m sparkdeep.jobs.reproduce --model output/models/pipeline --to /tmp/train_input
+  python -m sparkdeep.jobs.reproduce --model output/models/latest.json --to /tmp/train_input
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from sparkdeep.config import ConfigError, default_conf_dir, load_config
@@ -19,7 +20,9 @@ from sparkdeep.config import ConfigError, default_conf_dir, load_config
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="saved pipeline (or Keras stage) folder")
+    p.add_argument("--model", required=True,
+                   help="saved pipeline (or Keras stage) folder, e.g. output/models/runs/<run id>/0/pipeline, "
+                        "or output/models/latest.json for the promoted pipeline")
     p.add_argument("--table", default=None,
                    help="which recorded table to re-create (default: the one it was trained on; "
                         "flights, train and holdout are recorded too)")
@@ -35,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         from sparkdeep.session import builder
         spark = builder(cfg.spark, app_name="sparkdeep-reproduce").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
-        inputs = lineage.training_inputs(spark, args.model)
+        model = args.model
+        if os.path.isfile(model):  # a models/latest.json pointer
+            with open(model) as fh:
+                model = json.load(fh)["models"]["pipeline"]["path"]
+        inputs = lineage.training_inputs(spark, model)
         table = args.table or inputs["trained_on"]
         if table not in inputs["tables"]:
             raise ConfigError(f"--table {table!r}: the model records {sorted(inputs['tables'])}")

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.ml import PipelineModel
-
-from sparkdeep import delta_io
+from sparkdeep import delta_io, model_store
 from sparkdeep.pipelines.evaluate import predictions_frame
 
 from sparkdeep.jobs._common import main_for
@@ -15,7 +13,7 @@ def step(spark, cfg, paths, run) -> dict:
     holdout = run.read(spark, "holdout")
     out = {"holdout_version": run.inputs["holdout"]["version"], "rows_in": holdout.count(), "tables": {}}
     for name, table in (("pipeline", "predictions"), ("baseline", "baseline_predictions")):
-        model = PipelineModel.load(paths.model(name))
+        model = model_store.load_pipeline(spark, run.model_input(name))
         scored = predictions_frame(model.transform(holdout), "keras" if name == "pipeline" else "logreg")
         ref = run.write(scored, table)
         out["tables"][table] = ref.as_dict()

@@ -7,6 +7,7 @@ from pyspark.sql import DataFrame
 
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
 
+from .evaluate import check_finite as _check_finite
 from .flights import LABEL
 from .prepare import FEATURES, WEIGHT
 
@@ -35,3 +36,12 @@ def logistic_baseline(train: DataFrame):
 def scoring_pipeline(prepare_model: PipelineModel, final_stage) -> PipelineModel:
     """The whole fitted pipeline: reduction stages then the trained model."""
     return PipelineModel(list(prepare_model.stages) + [final_stage])
+
+
+def check_finite(model) -> None:
+    """The train half of the quality gate for a fitted ``KerasHorovodModel``: every weight
+    of its network and every metric of its final epoch finite, else ``QualityGateError``."""
+    import numpy as np
+    weights = {w.path: np.asarray(w.numpy()) for w in model.keras_model().weights}
+    history = model.trainingSummary.get("history") or []
+    _check_finite(weights, history[-1] if history else {})

@@ -2,8 +2,14 @@
 
 ``conf/base/*.yaml`` is read first, then ``conf/<env>/*.yaml`` (keys there replace the
 base's, mappings merge), then ``--set a.b=value`` overrides. Every key ends in a typed
-dataclass field; an unknown key, a wrong type or a missing file is a :class:`ConfigError`
-that names the key and the file it came from.
+dataclass field; an unknown key, a wrong type, a non-finite number or a missing file is a
+:class:`ConfigError` that names the key and the file it came from.
+
+Defaults live in one place, ``conf/base/*.yaml``: the pipeline's dataclasses have none,
+so a key missing from the base is an error, not a second, silently different default.
+(:class:`SparkConfig` keeps its defaults: tests and benchmarks build sessions without
+config files.) YAML aliases are refused: a few lines of ``&a [*b, *b, ...]`` expand to
+gigabytes, and a config has no need for them.
 
 Example
 -------
@@ -14,6 +20,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,9 +29,32 @@ from typing import Any, Mapping
 
 import yaml
 
+from sparkdeep import tasks
+
 
 class ConfigError(ValueError):
     """A config key is unknown, has the wrong type, or a config file is missing/bad."""
+
+
+# The pipeline trains a binary classifier (label: delayed or not), so ``train.metrics``
+# takes the names the ranks build for a binary network, from the one table in
+# sparkdeep.tasks (case-insensitive there too): a wrong name fails here, not after ingest
+# and prepare have run.
+_TRAIN_TASK = "binary"
+
+#: Held-out metrics the evaluate step computes per model, which the quality gate may use.
+HOLDOUT_METRICS = ("auc", "accuracy", "average_precision")
+
+_SHOWN = 200  # characters of a value echoed in an error message
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a readable length: error messages stay one short line."""
+    return _cut(repr(value))
 
 
 @dataclass(frozen=True)
@@ -34,59 +64,70 @@ class SparkConfig:
     settings: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    dataset: str = "nycflights13"
-    delay_threshold_min: int = 15
-    sample_fraction: float = 1.0
+    dataset: str
+    delay_threshold_min: int
+    sample_fraction: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrepareConfig:
-    holdout_fraction: float = 0.2
-    majority_ratio: float = 1.0
-    selector_top_fraction: float = 0.8
-    max_correlation: float = 0.95
-    pca_k: int = 16
-    pca_variance_target: float = 0.9
+    holdout_fraction: float
+    majority_ratio: float
+    selector_top_fraction: float
+    max_correlation: float
+    pca_k: int
+    pca_variance_target: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    num_proc: int = 2
-    epochs: int = 5
-    batch_size: int = 256
-    learning_rate: float = 0.002
-    hidden_units: tuple[int, ...] = (64, 32)
-    dropout: float = 0.1
-    metrics: tuple[str, ...] = ("auc", "accuracy")
-    validation_fraction: float = 0.1
-    early_stopping_patience: int = 2
-    accumulation_steps: int = 1
-    compression: str = "none"
-    scale_learning_rate: bool = True
-    warmup_epochs: float = 1.0
+    num_proc: int
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    hidden_units: tuple[int, ...]
+    dropout: float
+    metrics: tuple[str, ...]
+    validation_fraction: float
+    early_stopping_patience: int
+    accumulation_steps: int
+    compression: str
+    scale_learning_rate: bool
+    warmup_epochs: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class GateConfig:
+    """What a trained model must pass on held-out data before it becomes "latest"."""
+    metric: str
+    min_value: float
+    against_latest: bool
+    max_regression: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
-    enabled: bool = True
-    uri: str = ""              # "" = SQLite under <output_dir>/mlflow; any MLflow tracking URI otherwise
-    experiment: str = "sparkdeep"
+    enabled: bool
+    uri: str
+    experiment: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
-    output_dir: str = "output"
-    seed: int = 42
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    prepare: PrepareConfig = field(default_factory=PrepareConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output_dir: str
+    seed: int
+    spark: SparkConfig
+    data: DataConfig
+    prepare: PrepareConfig
+    train: TrainConfig
+    gate: GateConfig
+    tracking: TrackingConfig
 
     def __post_init__(self) -> None:
         checks = [
+            ("output_dir", bool(self.output_dir.strip())),
             ("data.sample_fraction", 0 < self.data.sample_fraction <= 1),
             ("prepare.holdout_fraction", 0 < self.prepare.holdout_fraction < 1),
             ("prepare.majority_ratio", self.prepare.majority_ratio > 0),
@@ -97,6 +138,8 @@ class Config:
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
             ("train.batch_size", self.train.batch_size >= 1),
+            ("train.hidden_units", bool(self.train.hidden_units) and min(self.train.hidden_units) >= 1),
+            ("train.metrics", all(m.lower() in tasks.METRICS[_TRAIN_TASK] for m in self.train.metrics)),
             ("train.learning_rate", self.train.learning_rate > 0),
             ("train.dropout", 0 <= self.train.dropout < 1),
             ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
@@ -104,16 +147,40 @@ class Config:
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
             ("train.compression", self.train.compression in ("none", "fp16")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
+            ("gate.metric", self.gate.metric in HOLDOUT_METRICS),
+            ("gate.min_value", 0 <= self.gate.min_value <= 1),
+            ("gate.max_regression", 0 <= self.gate.max_regression <= 1),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
         ]
+        allowed = {"output_dir": "a folder (an empty one would mean the current directory)",
+                   "train.hidden_units": "one or more layer widths, each >= 1",
+                   "train.metrics": f"{_TRAIN_TASK} metric names from {sorted(tasks.METRICS[_TRAIN_TASK])}",
+                   "gate.metric": f"one of {list(HOLDOUT_METRICS)}"}
         for key, ok in checks:
             if not ok:
-                section, name = key.split(".")
-                value = getattr(getattr(self, section), name)
-                raise ConfigError(f"config key {key!r}: value {value!r} is out of range")
+                value = self
+                for part in key.split("."):
+                    value = getattr(value, part)
+                hint = f" (expected {allowed[key]})" if key in allowed else ""
+                raise ConfigError(f"config key {key!r}: value {shown(value)} is out of range{hint}")
 
 
 # -- loading -----------------------------------------------------------------------------
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases, so no document expands beyond its own size."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"line {mark.line + 1}: YAML aliases (*name) are not allowed in config; "
+                              "write the value out")
+        return super().compose_node(parent, index)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
 
 def _merge(base: dict, over: Mapping, origins: dict, source: str, prefix: str = "") -> None:
     for key, value in over.items():
@@ -150,9 +217,11 @@ def _read_dir(folder: Path, tree: dict, origins: dict, required: bool) -> None:
         raise ConfigError(f"config folder {str(folder)!r} holds no .yaml file")
     for path in files:
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = _yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"config file {str(path)!r}, {exc}") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top")
         _merge(tree, data, origins, str(path))
@@ -166,33 +235,35 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        raise ConfigError(f"{where}: expected true/false, got {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {shown(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # YAML's .inf / .nan: no setting means "infinite"
+                raise ConfigError(f"{where}: expected a finite number, got {value!r}")
             return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {shown(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {shown(value)}")
     if origin is tuple:
         (item_tp, _) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {shown(value)}")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value))
     if origin in (Mapping, dict, typing.Mapping) or tp is dict or _is_mapping(origin):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
         # Spark settings are strings on the JVM side whatever YAML made of them.
         return types.MappingProxyType({str(k): str(v).lower() if isinstance(v, bool) else str(v)
                                        for k, v in value.items()})
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
         return _build(tp, value, key + ".", source_of=None, default_source=source)
     raise ConfigError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
 
@@ -211,10 +282,15 @@ def _build(cls: type, tree: Mapping, prefix: str, source_of: dict | None = None,
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, Mapping):
-                raise ConfigError(f"config key {dotted!r} (from {source}): expected a mapping, got {value!r}")
+                raise ConfigError(f"config key {dotted!r} (from {source}): expected a mapping, got {shown(value)}")
             kwargs[key] = _build(tp, value, dotted + ".", source_of, default_source)
         else:
             kwargs[key] = _coerce(value, tp, dotted, source)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"config key {prefix + missing[0]!r} is missing: every key has its default in "
+                          "conf/base/*.yaml (an overlay or --set may change it, not remove it)")
     return cls(**kwargs)
 
 
@@ -235,15 +311,17 @@ def _is_mapping(origin: Any) -> bool:
 def parse_override(text: str) -> tuple[str, Any]:
     """``"train.epochs=3"`` -> ``("train.epochs", 3)``; the value is read as YAML."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key=value")
+        raise ConfigError(f"override {shown(text)} must look like key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {text!r} has an empty key")
+        raise ConfigError(f"override {shown(text)} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ConfigError as exc:
+        raise ConfigError(f"override {shown(text)}: {exc}") from None
     return key, value
 
 
@@ -267,17 +345,22 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
         for part in parts[:-1]:
             cursor = cursor.setdefault(part, {})
         cursor[parts[-1]] = value
-        _merge(tree, nested, origins, f"--set {text}")
-    try:
-        return _build(Config, tree, "", origins)
-    except TypeError as exc:  # a dataclass missing a required value
-        raise ConfigError(f"config is incomplete: {exc}") from None
+        _merge(tree, nested, origins, f"--set {_cut(text)}")
+    return _build(Config, tree, "", origins)
 
 
 def default_conf_dir() -> Path:
-    """``$SPARKDEEP_CONF_DIR``, else the repo's ``conf/`` from a checkout, else ``./conf``."""
+    """``$SPARKDEEP_CONF_DIR``, else the repo's ``conf/`` from a checkout, else the copy
+    installed with the package (``sparkdeep.conf``: a wheel ships it), else ``./conf``."""
+    import importlib.resources
     import os
     if os.environ.get("SPARKDEEP_CONF_DIR"):
         return Path(os.environ["SPARKDEEP_CONF_DIR"])
     here = Path(__file__).resolve().parent.parent / "conf"
-    return here if here.is_dir() else Path("conf")
+    if here.is_dir():
+        return here
+    try:
+        shipped = Path(str(importlib.resources.files("sparkdeep.conf")))
+    except ModuleNotFoundError:
+        return Path("conf")
+    return shipped if (shipped / "base").is_dir() else Path("conf")

@@ -1,6 +1,10 @@
+import dataclasses
+import shutil
+import typing
+
 import pytest
 
-from sparkdeep.config import ConfigError, load_config
+from sparkdeep.config import Config, ConfigError, load_config
 
 
 def write(folder, name, text):
@@ -9,9 +13,11 @@ def write(folder, name, text):
 
 
 @pytest.fixture
-def conf(tmp_path):
-    write(tmp_path / "base", "pipeline.yaml", "seed: 7\ntrain:\n  epochs: 3\n  hidden_units: [8, 4]\n")
-    write(tmp_path / "base", "spark.yaml", "spark:\n  master: local[1]\n  settings:\n    spark.a: 1\n")
+def conf(tmp_path, repo_root):
+    # The repo's base (where every default lives), then this test's own base file over it.
+    shutil.copytree(f"{repo_root}/conf/base", tmp_path / "base")
+    write(tmp_path / "base", "test.yaml", "seed: 7\ntrain:\n  epochs: 3\n  hidden_units: [8, 4]\n"
+                                          "spark:\n  master: local[1]\n  settings:\n    spark.a: 1\n")
     write(tmp_path / "dev", "pipeline.yaml", "train:\n  epochs: 9\n")
     return tmp_path
 
@@ -30,7 +36,8 @@ def test_overlay_and_override_precedence(conf):
     assert cfg.seed == 7
     assert cfg.train.epochs == 11
     assert cfg.train.hidden_units == (8, 4)
-    assert dict(cfg.spark.settings) == {"spark.a": "1", "spark.b.c": "x"}
+    assert cfg.spark.settings["spark.a"] == "1" and cfg.spark.settings["spark.b.c"] == "x"
+    assert cfg.spark.master == "local[1]"
     assert load_config(conf, env="dev").train.epochs == 9
 
 
@@ -92,3 +99,84 @@ def test_config_is_frozen(conf):
         cfg.train.epochs = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.spark.settings["spark.a"] = "2"  # type: ignore[index]
+
+
+def _float_keys(cls=Config, prefix=""):
+    """Every float field of the config, as a dotted key."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _float_keys(tp, f"{prefix}{f.name}.")
+        elif tp is float:
+            yield f"{prefix}{f.name}"
+
+
+FLOAT_KEYS = list(_float_keys())
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_a_non_finite_number_is_an_error_for_every_float_key(conf, key, value):
+    # Issue 11.5: train.learning_rate=.inf passed validation and trained a NaN model.
+    with pytest.raises(ConfigError, match=rf"'{key}' \(from --set {key}={value}\).*finite"):
+        load_config(conf, overrides=[f"{key}={value}"])
+
+
+def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
+    write(conf / "dev", "pipeline.yaml", "train:\n  learning_rate: .inf\n")
+    with pytest.raises(ConfigError, match=r"'train.learning_rate' \(from .*dev/pipeline.yaml\).*finite"):
+        load_config(conf, env="dev")
+    assert len(FLOAT_KEYS) >= 10 and "train.learning_rate" in FLOAT_KEYS
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.hidden_units=[]", "train.hidden_units"),
+    ("train.hidden_units=[64, -5]", "train.hidden_units"),
+    ("train.hidden_units=[0]", "train.hidden_units"),
+    ("train.metrics=[auc, f1]", "train.metrics"),
+    ("output_dir=", "output_dir"),
+    ("output_dir=' '", "output_dir"),
+    ("gate.metric=f1", "gate.metric"),
+    ("gate.min_value=1.5", "gate.min_value"),
+    ("gate.max_regression=-0.1", "gate.max_regression"),
+])
+def test_values_that_would_fail_late_are_config_errors(conf, override, key):
+    with pytest.raises(ConfigError, match=rf"'{key}'.*out of range"):
+        load_config(conf, overrides=[override])
+
+
+def test_metric_names_are_those_the_ranks_build_for_a_binary_network(conf):
+    from sparkdeep import tasks
+    names = sorted(tasks.METRICS["binary"])
+    cfg = load_config(conf, overrides=[f"train.metrics=[{', '.join(names)}, AUC]"])
+    assert cfg.train.metrics == (*names, "AUC")
+    for wrong in ("f1", "mse"):  # unknown, and a regression metric
+        with pytest.raises(ConfigError, match=r"'train.metrics'.*expected binary metric names from \['accuracy', 'auc'"):
+            load_config(conf, overrides=[f"train.metrics=[auc, {wrong}]"])
+
+
+def test_yaml_aliases_are_refused_and_errors_stay_short(conf):
+    # A "billion laughs" document: 9 levels of 9 aliases each is 387 million items.
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    write(conf / "dev", "pipeline.yaml", bomb + "train:\n  metrics: *i\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf, env="dev")
+    assert "aliases" in str(err.value) and "dev/pipeline.yaml" in str(err.value) and len(str(err.value)) < 500
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config(conf, overrides=["train.metrics=[&a auc, *a]"])
+
+    write(conf / "dev", "pipeline.yaml", "train:\n  epochs: [" + ", ".join(["x" * 100] * 10_000) + "]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf, env="dev")
+    assert "'train.epochs'" in str(err.value) and "characters)" in str(err.value) and len(str(err.value)) < 500
+
+
+def test_every_key_has_its_default_in_base_only(conf):
+    # Defaults live once, in conf/base: a key missing there is an error, not a hidden default.
+    text = (conf / "base" / "pipeline.yaml").read_text().replace("  dropout: 0.1\n", "")
+    (conf / "base" / "pipeline.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"'train.dropout' is missing"):
+        load_config(conf)
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(Config))

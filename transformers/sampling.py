@@ -59,7 +59,7 @@ def hashable(col: Column, dtype: T.DataType, name: str) -> Column:
     from pyspark.ml.linalg import VectorUDT
 
     if isinstance(dtype, VectorUDT):
-        return vector_to_array(col)
+        return F.when(col.isNotNull(), vector_to_array(col))  # vector_to_array fails on null
     if isinstance(dtype, T.UserDefinedType):
         raise TypeError(f"column {name!r} of type {dtype.simpleString()} cannot be hashed to sample rows; "
                         "set keyCols to the columns that identify a row")

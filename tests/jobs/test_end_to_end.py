@@ -11,9 +11,10 @@ import pytest
 from sparkdeep import delta_io
 from sparkdeep.config import load_config
 from sparkdeep.jobs import evaluate, ingest, prepare, train
-from sparkdeep.jobs._common import run_step, write_report
+from sparkdeep.jobs._common import run_step
 from sparkdeep.paths import Paths
 from sparkdeep.pipelines.evaluate import predictions_frame
+from sparkdeep.runs import StepRun
 
 
 def run_job(repo_root, job, out_dir):
@@ -34,16 +35,20 @@ def test_slice_end_to_end_and_reload_in_fresh_process(spark, repo_root, tmp_path
     prep = run_step("prepare", prepare.step, spark, cfg, paths)
     assert prep["pca_k"] == cfg.prepare.pca_k
 
-    keras_pipeline, baseline_pipeline, report = train.fit_models(spark, cfg, paths)
+    train_run = StepRun.adhoc(paths, "train")
+    keras_pipeline, baseline_pipeline, report = train.fit_models(spark, cfg, paths, train_run)
     holdout = delta_io.read(spark, paths.table("holdout"))
     before = {r["flight_id"]: (r["p_delayed"], r["prediction"])
               for r in predictions_frame(keras_pipeline.transform(holdout), "keras").collect()}
-    keras_pipeline.write().overwrite().save(paths.model("pipeline"))
-    baseline_pipeline.write().overwrite().save(paths.model("baseline"))
-    write_report(paths, "train", {"step": "train", **report})
+    train_run.save_model(keras_pipeline, "pipeline")
+    train_run.save_model(baseline_pipeline, "baseline")
+    train_run.save_report({"step": "train", **report})
+    # The score and evaluate jobs below are runs of their own: they load the promoted models.
+    pointer = train_run.promote(metrics={})
+    assert pointer["models"]["pipeline"]["path"] == paths.model("pipeline", None)
     assert len({r["weights_digest"] for r in report["keras"]["ranks"]}) == 1
 
-    saved = [f for f in glob.glob(paths.model("pipeline") + "/**/*", recursive=True) if os.path.isfile(f)]
+    saved = [f for f in glob.glob(paths.model("pipeline", None) + "/**/*", recursive=True) if os.path.isfile(f)]
     assert any(f.endswith(".keras") for f in saved)
     assert not any(f.endswith((".pkl", ".pickle", ".pt", ".h5")) for f in saved)
 

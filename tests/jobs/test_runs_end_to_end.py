@@ -1,6 +1,7 @@
 """Runs for real: a pipeline killed in the train step resumes and ends with the same tables as
-an uninterrupted run; a second run on the same output cannot write; the model's recorded
-Delta versions re-create its training input by time travel."""
+an uninterrupted run; a second run on the same output cannot write; a run's models are its
+own even when another run prepares in between; a model failing the quality gate is not
+promoted; the model's recorded Delta versions re-create its training input by time travel."""
 import glob
 import json
 import os
@@ -37,10 +38,40 @@ def manifest(out_dir, run_id):
 
 @pytest.fixture(scope="module")
 def full_run(repo_root, tmp_path_factory):
+    """Run "full" on one output, with run "other" preparing (other PCA settings) between its
+    prepare and train steps: issue 11.2, where "full" then trained on "other"'s stages."""
     out = tmp_path_factory.mktemp("full") / "out"
-    done = run(pipeline_cmd(out, "full"), repo_root)
-    assert done.returncode == 0, done.stderr[-3000:]
+    for cmd in (pipeline_cmd(out, "full", "--steps", "ingest,prepare"),
+                pipeline_cmd(out, "other", "--steps", "ingest,prepare", "--set", "prepare.pca_k=4"),
+                pipeline_cmd(out, "full")):
+        done = run(cmd, repo_root)
+        assert done.returncode == 0, done.stderr[-3000:]
     return out
+
+
+def test_a_run_trains_on_its_own_prepare_model_and_promotes_it(spark, repo_root, full_run):
+    from sparkdeep import model_store
+    m, other = manifest(full_run, "full"), manifest(full_run, "other")
+    assert m["status"] == "succeeded" and other["status"] == "partial"
+    own = str(full_run / "models" / "runs" / "full" / "0" / "prepare")
+    assert m["steps"]["train"]["model_inputs"]["prepare"]["path"] == own
+    assert m["steps"]["train"]["model_inputs"]["prepare"]["run_id"] == "full"
+    assert m["steps"]["train"]["inputs"]["train_prepared"]["version"] == 0  # not "other"'s v1
+    stages = model_store.load_pipeline(spark, m["models"]["pipeline"]).stages
+    assert [s.numComponents for s in stages if hasattr(s, "numComponents")] == [16]  # not "other"'s k=4
+    latest = json.load(open(full_run / "models" / "latest.json"))
+    assert latest["run_id"] == "full" and m["promoted"] == latest
+    assert latest["models"]["pipeline"]["path"] == m["models"]["pipeline"]
+
+    # A stricter gate: the same model evaluated again in a new run fails it, naming the key;
+    # the step and run end failed, and latest.json is untouched.
+    strict = run(pipeline_cmd(full_run, "strict", "--steps", "evaluate", "--set", "gate.min_value=0.99"), repo_root)
+    assert strict.returncode == 1
+    assert strict.stderr.strip().splitlines()[-1].startswith(
+        "pipeline: failed in step evaluate: QualityGateError: quality gate: held-out auc")
+    assert "below gate.min_value 0.99" in strict.stderr
+    assert manifest(full_run, "strict")["steps"]["evaluate"]["status"] == "failed"
+    assert json.load(open(full_run / "models" / "latest.json")) == latest
 
 
 def test_killed_in_train_resumes_and_matches_an_uninterrupted_run(spark, repo_root, tmp_path, full_run):
@@ -90,9 +121,10 @@ def test_killed_in_train_resumes_and_matches_an_uninterrupted_run(spark, repo_ro
     reference = manifest(full_run, "full")
     for step in ("ingest", "prepare", "train", "score"):
         assert after["steps"][step]["rows"] == reference["steps"][step]["rows"], step
+    versions = {t: ref["version"] for s in ("ingest", "prepare") for t, ref in reference["steps"][s]["outputs"].items()}
     for table in TABLES:
         mine = delta_io.read(spark, str(out / "tables" / table))
-        theirs = delta_io.read(spark, str(full_run / "tables" / table))
+        theirs = delta_io.read(spark, str(full_run / "tables" / table), versions[table])
         assert lineage.fingerprint(mine) == lineage.fingerprint(theirs), table
         assert delta_io.version_of(spark, str(out / "tables" / table)) == 0  # each written once
 
@@ -116,7 +148,7 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     assert runs[0]["table_versions"]["train_prepared"] == prepared["version"]
     assert runs[0]["row_counts"]["train.rows_in"] == m["steps"]["train"]["rows"]["rows_in"]
 
-    recorded = lineage.training_inputs(spark, str(full_run / "models" / "pipeline"))
+    recorded = lineage.training_inputs(spark, m["models"]["pipeline"])
     assert recorded["tables"]["train_prepared"] == prepared
     assert recorded["tables"]["flights"]["version"] == m["steps"]["ingest"]["outputs"]["flights"]["version"]
     assert recorded["fingerprint"]["rows"] == m["steps"]["train"]["rows"]["rows_in"]
@@ -124,10 +156,11 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     # A later run overwrites the training table; time travel still gets the original back.
     live = str(full_run / "tables" / "train_prepared")
     original = delta_io.read(spark, live, prepared["version"])
+    before = delta_io.version_of(spark, live)
     delta_io.write(original.limit(10), live)
-    assert delta_io.version_of(spark, live) == prepared["version"] + 1
+    assert delta_io.version_of(spark, live) == before + 1
 
-    done = run([sys.executable, "-m", "sparkdeep.jobs.reproduce", "--model", str(full_run / "models" / "pipeline"),
+    done = run([sys.executable, "-m", "sparkdeep.jobs.reproduce", "--model", str(full_run / "models" / "latest.json"),
                 "--to", str(tmp_path / "again")], repo_root, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
@@ -137,7 +170,7 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     # ... and the deterministic baseline refits to the same coefficients from it.
     again = delta_io.read(spark, str(tmp_path / "again"))
     refit = logistic_baseline(again)
-    saved = PipelineModel.load(str(full_run / "models" / "baseline")).stages[-1]
+    saved = PipelineModel.load(m["models"]["baseline"]).stages[-1]
     np.testing.assert_allclose(refit.coefficients.toArray(), saved.coefficients.toArray(), rtol=1e-6, atol=1e-9)
 
     # A tampered recorded version no longer matches and says so.

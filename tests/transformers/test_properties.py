@@ -42,7 +42,8 @@ def make_case(spark, seed):
     with_id = bool(rng.random() < 0.5)
     data = [(i, r, float(y[i])) for i, r in enumerate(rows)]
     df = spark.createDataFrame(data, "id long, f array<double>, label double")
-    df = df.select(*(["id"] if with_id else []), array_to_vector("f").alias("features"), "label")
+    features = F.when(F.col("f").isNotNull(), array_to_vector("f")).alias("features")
+    df = df.select(*(["id"] if with_id else []), features, "label")
     df = df.repartition(int(rng.integers(1, 4)))
     return df, x, y, kind, n
 
