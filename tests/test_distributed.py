@@ -29,6 +29,19 @@ def fail_on_rank_one():
     return "unreachable"
 
 
+def freeze_rank_one():
+    import os
+    import signal
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a hung host: no exit, no error
+    hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
+    return "unreachable"
+
+
 @pytest.mark.slow
 def test_two_ranks_all_reduce_and_return_by_rank(spark):
     results = run_on_ranks(allreduce_rank_ids, num_proc=2)
@@ -47,3 +60,32 @@ def test_exception_in_one_rank_names_the_rank_without_hanging(spark):
     assert time.time() - t0 < 240
     # The session is still usable afterwards.
     assert spark.range(3).count() == 3
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_ends_the_run_naming_it_and_its_processes_go(spark):
+    import re
+
+    import psutil
+    t0 = time.time()
+    with pytest.raises(RankFailedError, match=r"stalled: no heartbeat for \d+ s") as err:
+        run_on_ranks(freeze_rank_one, num_proc=2, stall_timeout=12)
+    assert err.value.rank == 1
+    assert time.time() - t0 < 150  # issue 11: the driver waited with no error, 240 s and more
+    pid = int(re.search(r"process (\d+)", str(err.value)).group(1))
+
+    def alive(p):
+        try:
+            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    deadline = time.time() + 60
+    while alive(pid) and time.time() < deadline:
+        time.sleep(1)
+    assert not alive(pid), "the frozen rank's process outlived the run"
+    assert spark.range(3).count() == 3
+
+
+def test_stall_timeout_is_checked():
+    with pytest.raises(ValueError, match="stall_timeout must be >= 0"):
+        run_on_ranks(allreduce_rank_ids, num_proc=2, stall_timeout=-1)

@@ -19,7 +19,8 @@ import shutil
 import tempfile
 import time
 
-# Tests: "RANK:EPOCH" makes that rank raise after that epoch; "RANK:EPOCH:exit" kills it.
+# Tests: "RANK:EPOCH" makes that rank raise after that epoch; "RANK:EPOCH:exit" kills it;
+# "RANK:EPOCH:stop" freezes it (SIGSTOP), as a hung host would.
 FAIL_AT_EPOCH_ENV = "SPARKDEEP_TEST_FAIL_AT_EPOCH"
 
 
@@ -321,6 +322,9 @@ def train_rank(spec: dict) -> dict:
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):
                 os._exit(3)  # a rank that dies without a Python exception
+            if fail_at.endswith(":stop"):
+                import signal
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen: no exit, no error, no heartbeat
             raise RuntimeError(f"injected failure after epoch {epoch + 1} ({FAIL_AT_EPOCH_ENV})")
         if patience and waited >= patience:
             stopped_early = True

@@ -153,6 +153,9 @@ class _HorovodRunParams(Params):
     warmupEpochs = Param(Params._dummy(), "warmupEpochs",
                          "epochs over which the learning rate ramps linearly up to its scaled value",
                          typeConverter=TypeConverters.toFloat)
+    stallTimeout = Param(Params._dummy(), "stallTimeout",
+                         "seconds a rank may go without a heartbeat before fit fails naming it (> 0)",
+                         typeConverter=TypeConverters.toFloat)
     stagingDir = Param(Params._dummy(), "stagingDir",
                        "folder for the per-rank Parquet shards, visible to every executor "
                        "('' = a temp folder on the driver, fine for local and one-host clusters)",
@@ -161,7 +164,7 @@ class _HorovodRunParams(Params):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="", accumulationSteps=1,
-                         compression="none", scaleLearningRate=True, warmupEpochs=1.0)
+                         compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0)
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)
@@ -246,7 +249,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                  warmupEpochs: float | None = None, validationFraction: float | None = None,
                  validationCol: str | None = None, earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
-                 stagingDir: str | None = None, seed: int | None = None, handleInvalid: str | None = None):
+                 stagingDir: str | None = None, seed: int | None = None, handleInvalid: str | None = None,
+                 stallTimeout: float | None = None):
         super().__init__()
         self._setDefault(seed=42)
         self._model_bytes: bytes | None = None
@@ -285,6 +289,9 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if not (math.isfinite(self.getLearningRate()) and self.getLearningRate() > 0):
             raise ValueError(f"learningRate must be a finite number > 0, got {self.getLearningRate()}")
+        stall = self.getOrDefault(self.stallTimeout)
+        if not (math.isfinite(stall) and stall > 0):
+            raise ValueError(f"stallTimeout must be a finite number of seconds > 0, got {stall}")
         if self.getHandleInvalid() not in ("error", "skip"):
             raise ValueError(f"handleInvalid must be 'error' or 'skip' at fit, got {self.getHandleInvalid()!r}")
         task = self.getTask()
@@ -413,7 +420,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
                       f"{resume['completed_epochs']}", flush=True)
             t_staged = time.time()
-            results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc)
+            results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc,
+                                   stall_timeout=self.getOrDefault(self.stallTimeout))
         finally:
             shutil.rmtree(root if own_tmp else stage_dir, ignore_errors=True)
         t_done = time.time()

@@ -127,6 +127,8 @@ def test_estimator_refuses_on_the_driver(cancer, spark):
         KerasHorovodEstimator(model=mlp_regressor(30)).fit(cancer)
     with pytest.raises(ValueError, match="learningRate must be a finite number"):
         KerasHorovodEstimator(learningRate=float("inf")).fit(cancer)
+    with pytest.raises(ValueError, match="stallTimeout must be a finite number of seconds > 0"):
+        KerasHorovodEstimator(stallTimeout=0.0).fit(cancer)
 
 
 def test_estimator_refuses_nan_rows_mixed_lengths_and_empty_input(cancer, spark):
