@@ -230,7 +230,7 @@ def train_rank(spec: dict) -> dict:
             total += float(tf.reduce_sum(loss_fn(_target(yb), pred) * wb))
             n += len(yb)
             for m in metrics:
-                m.update_state(_target(yb), pred)
+                m.update_state(_target(yb), pred, sample_weight=wb)
         sums = hvd.allreduce(tf.constant([total, float(n)], tf.float64), op=hvd.Sum, name="eval_sums")
         out = {"loss": float(sums[0] / max(float(sums[1]), 1.0))}
         for m in metrics:
@@ -266,7 +266,7 @@ def train_rank(spec: dict) -> dict:
                 tb = time.perf_counter()
                 loss, pred, grads = local_gradients(xb, yb, wb)
                 for m in train_metrics:
-                    m.update_state(_target(yb), pred)
+                    m.update_state(_target(yb), pred, sample_weight=wb)
                 acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
                 total += float(loss)
                 tc = time.perf_counter()

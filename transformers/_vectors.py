@@ -102,13 +102,15 @@ def label_summary(df: DataFrame, label: str) -> dict:
         F.min(F.when(ok, y)).alias("min"), F.max(F.when(ok, y)).alias("max"),
         F.sum((ok & (y != F.floor(y))).cast("long")).alias("fractional"),
         F.first(F.when(ok & (y != F.floor(y)), y), ignorenulls=True).alias("fraction_example"),
+        F.approx_count_distinct(F.when(ok, y), 0.01).alias("distinct"),
     ).first()
-    return {k: (row[k] if row[k] is not None else 0) if k in ("rows", "valid", "fractional") else row[k]
-            for k in row.asDict()}
+    return {k: (row[k] if row[k] is not None else 0) if k in ("rows", "valid", "fractional", "distinct")
+            else row[k] for k in row.asDict()}
 
 
-def require_categorical_label(df: DataFrame, label: str, stage: str, hint: str) -> dict:
-    """A categorical label holds class indices: whole numbers, at least two distinct."""
+def require_categorical_label(df: DataFrame, label: str, stage: str, hint: str, max_classes: int) -> dict:
+    """A categorical label holds class indices: whole numbers, at least two distinct, and
+    at most ``max_classes`` of them (a count or a price in whole units is not a class)."""
     stats = label_summary(df, label)
     if stats["rows"] == 0:
         raise ValueError(f"{stage}: the input has no rows")
@@ -119,6 +121,10 @@ def require_categorical_label(df: DataFrame, label: str, stage: str, hint: str) 
     if stats["valid"] and stats["min"] == stats["max"]:
         raise ValueError(f"{stage}: labelCol {label!r} is constant ({stats['min']}) over the "
                          f"{stats['valid']} rows with a label: nothing can be tested against it")
+    if stats["distinct"] > max_classes:
+        raise ValueError(f"{stage}: labelCol {label!r} has about {stats['distinct']} distinct values in "
+                         f"{stats['valid']} rows, more than maxClasses={max_classes}: that looks like a "
+                         f"continuous target. {hint} If it really has that many classes, raise maxClasses.")
     return stats
 
 

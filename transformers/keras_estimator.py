@@ -406,7 +406,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 "learning_rate": self.getLearningRate(),
                 "scale_lr": self.getOrDefault(self.scaleLearningRate),
                 "warmup_epochs": self.getOrDefault(self.warmupEpochs),
-                "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss),
+                "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss).lower(),
                 "task": task,
                 "metrics": list(self.getOrDefault(self.metrics)),
                 "accumulation_steps": self.getOrDefault(self.accumulationSteps),
@@ -556,7 +556,7 @@ def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str,
     """'error': name every kind of unusable row and its count; 'skip': drop them, counted."""
     reasons = [(checked["null_features"], f"a null featuresCol {fcol!r}"),
                (checked["nonfinite_features"], f"NaN or infinite values in featuresCol {fcol!r} (as float32)"),
-               (checked["bad_label"], f"a null, NaN or infinite labelCol {lcol!r}"),
+               (checked["bad_label"], f"a null, NaN or infinite labelCol {lcol!r} (as float32)"),
                (checked["bad_weight"], f"a null, negative, NaN or infinite weightCol {wcol!r}")]
     found = [f"{n} rows with {why}" for n, why in reasons if n]
     if not found:

@@ -112,6 +112,9 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         if n < 2:
             raise ValueError(f"inputCol {col!r} needs at least 2 valid rows, got {n}")
         names = feature_names(dataset.schema, col, p)
+        if not np.isfinite(scatter).all():
+            raise ValueError(f"inputCol {col!r}: the covariance overflows float64 (a feature spreads over more "
+                             "than about 1e154); rescale the features first")
         cov = scatter / (n - 1)
         std = np.sqrt(np.clip(np.diag(cov), 0, None))
         scale = self.getOrDefault(self.scale)
@@ -121,6 +124,8 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
                 raise ValueError(f"inputCol {col!r} has constant features {constant[:10]}: they cannot be "
                                  "scaled to unit variance; drop them first (VarianceSelector)")
             cov = cov / np.outer(std, std)
+        if not np.isfinite(cov).all():
+            raise ValueError(f"inputCol {col!r}: the covariance is not finite; rescale the features first")
         eigval, eigvec = np.linalg.eigh(cov)
         order = np.argsort(eigval)[::-1]
         eigval, components = np.clip(eigval[order], 0, None), eigvec[:, order]

@@ -127,7 +127,7 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tupl
     keyed = df.select(stratum.alias("s"), h.alias("h")).withColumn("b", F.shiftright("h", shift))
     hist: dict = {}
     for r in keyed.groupBy("s", "b").count().collect():
-        hist.setdefault(r["s"], []).append((r["b"], r["count"]))
+        hist.setdefault(canonical(r["s"]), []).append((r["b"], r["count"]))
     sizes = {s: sum(c for _, c in buckets) for s, buckets in hist.items()}
     if callable(targets):
         targets = targets(sizes)
@@ -154,7 +154,7 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tupl
             cond = c if cond is None else cond | c
         hashes: dict = {}
         for r in keyed.where(cond).select("s", "h").collect():
-            hashes.setdefault(r["s"], []).append(r["h"])
+            hashes.setdefault(canonical(r["s"]), []).append(r["h"])
         for s, (_, need) in boundary.items():
             ordered = sorted(hashes[s])
             t = ordered[need - 1]
@@ -163,6 +163,24 @@ def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tupl
             if below + at > need:  # duplicates of the boundary row: take only as many as needed
                 ties[_key(s)] = need - below
     return out, sizes, ties
+
+
+NAN = float("nan")
+
+
+def canonical(stratum):
+    """One dict key for every NaN: NaN != NaN, so each NaN row collected to the driver
+    would otherwise open a stratum of its own (Spark itself groups NaN as one value)."""
+    return NAN if isinstance(stratum, float) and math.isnan(stratum) else stratum
+
+
+def as_text(value) -> str:
+    """A stratum value as the text keys of ``fractions``/``targetCounts`` are matched by."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def threshold_condition(h: Column, stratum: Column, thresholds: dict, ties: dict | None = None) -> Column:
@@ -184,13 +202,31 @@ def _key(stratum) -> str:
 
 def take_ties(dataset: DataFrame, kept: DataFrame, h: Column, stratum: Column, thresholds: dict,
               ties: dict) -> DataFrame:
-    """``kept`` plus, per stratum in ``ties``, exactly the number of boundary rows needed."""
+    """``kept`` plus, per stratum in ``ties``, exactly the number of boundary rows needed.
+    The tied rows are taken in the order of a hash of the whole row, so the choice does
+    not depend on partitioning even when ``keyCols`` names a column that is not unique."""
+    whole = [f.name for f in dataset.schema.fields if not _unhashable(f.dataType)]
+    order = row_hash(whole, 0x5EED, dataset.schema)
     for s, t in thresholds.items():
         k = ties.get(_key(s))
         if k:
-            extra = dataset.where(stratum.eqNullSafe(F.lit(s)) & (h == F.lit(t))).limit(int(k))
+            extra = (dataset.where(stratum.eqNullSafe(F.lit(s)) & (h == F.lit(t)))
+                     .withColumn("__tiebreak", order).orderBy("__tiebreak").limit(int(k)).drop("__tiebreak"))
             kept = kept.unionByName(extra)
     return kept
+
+
+def _unhashable(dtype: T.DataType) -> bool:
+    from pyspark.ml.linalg import VectorUDT
+    if isinstance(dtype, T.UserDefinedType):
+        return not isinstance(dtype, VectorUDT)
+    if isinstance(dtype, T.ArrayType):
+        return _unhashable(dtype.elementType)
+    if isinstance(dtype, T.MapType):
+        return _unhashable(dtype.keyType) or _unhashable(dtype.valueType)
+    if isinstance(dtype, T.StructType):
+        return any(_unhashable(f.dataType) for f in dtype.fields)
+    return False
 
 
 # -- the training-only contract, shared by every sampler model ----------------------------
@@ -355,6 +391,35 @@ class _StratifiedParams(HasSeed, HasHandleInvalid, _HasKeyCols):
         self._setDefault(seed=42, handleInvalid="error")
 
 
+_MISSING = object()
+
+
+def _find_stratum(key: str, by_text: dict, sizes: dict):
+    """The stratum value a key names: by text, then by number (``"0"`` names 0.0)."""
+    if key in by_text or key.lower() in by_text:
+        return by_text.get(key, by_text.get(key.lower()))
+    try:
+        number = float(key)
+    except ValueError:
+        return _MISSING
+    for v in sizes:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v) == number:
+            return v
+    return _MISSING
+
+
+def stratum_column(schema: T.StructType, col: str) -> Column:
+    """The stratum values as the plan can hold them (JSON): numbers, strings and booleans
+    as they are; dates, timestamps, decimals and binary as their text."""
+    dtype = schema[col].dataType
+    if isinstance(dtype, (T.NumericType, T.StringType, T.BooleanType)) and not isinstance(dtype, T.DecimalType):
+        return F.col(col)
+    if isinstance(dtype, (T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType, T.BinaryType)):
+        return F.col(col).cast("string")
+    raise TypeError(f"stratumCol {col!r} has type {dtype.simpleString()}; strata must be numbers, strings, "
+                    "booleans, dates or timestamps")
+
+
 def _as_json(value):
     return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
@@ -363,7 +428,9 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
     """Per-stratum fractions or counts, hit exactly (``sampleBy`` is only approximate).
 
     Keys of ``fractions``/``targetCounts`` are compared with the stratum column's values
-    as text (``"1"`` matches 1). Strata not named keep no rows, like ``sampleBy``; their
+    as text (``"1"`` matches 1, ``"true"`` matches True, ``"null"`` a null), or as numbers
+    (``"0"`` matches 0.0); dates, timestamps and decimals are matched by their text
+    (``"2013-01-01"``), NaN by ``"nan"``. Strata not named keep no rows, like ``sampleBy``; their
     rows are counted in the summary. ``handleInvalid``: a stratum with fewer rows than
     its target raises ('error') or gives all its rows and records the shortfall ('keep').
     """
@@ -392,13 +459,15 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
         chosen: dict = {}
 
         def decide(sizes: dict) -> dict:
-            by_text = {("null" if v is None else str(v)): v for v in sizes}
-            unknown = [key for key in asked if key not in by_text]
+            by_text = {as_text(v): v for v in sizes}
+            by_text.update({k.lower(): v for k, v in by_text.items()})
+            found = {key: _find_stratum(key, by_text, sizes) for key in asked}
+            unknown = [key for key, v in found.items() if v is _MISSING]
             if unknown:
                 raise ValueError(f"strata {unknown} of {col!r} do not occur in the input "
-                                 f"(it has {sorted(by_text)[:20]})")
+                                 f"(it has {sorted(as_text(v) for v in sizes)[:20]})")
             for key, value in asked.items():
-                s = by_text[key]
+                s = found[key]
                 if has_f:
                     if not 0 <= float(value) <= 1:
                         raise ValueError(f"fractions[{key!r}] must be in [0, 1], got {value}")
@@ -418,7 +487,7 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
 
         cols = self._hash_cols(dataset)
         h = row_hash(cols, self.getSeed(), dataset.schema)
-        thresholds, sizes, ties = exact_thresholds(dataset, h, F.col(col), decide)
+        thresholds, sizes, ties = exact_thresholds(dataset, h, stratum_column(dataset.schema, col), decide)
         targets = chosen
         plan = {"strata": [{"stratum": s, "rows_in": sizes[s], "rows_out": targets[s],
                             "threshold": thresholds[s]} for s in targets],
@@ -436,7 +505,7 @@ class StratifiedSamplerModel(_SamplerModel, _StratifiedParams):
         if col not in dataset.columns:
             raise ValueError(f"stratumCol {col!r} is not a column of the input")
         thresholds = {s["stratum"]: s["threshold"] for s in self._plan["strata"]}
-        return self._keep(dataset, F.col(col), thresholds)
+        return self._keep(dataset, stratum_column(dataset.schema, col), thresholds)
 
     @property
     def summary(self) -> dict:
@@ -500,9 +569,9 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
 
         def decide(sizes: dict) -> dict:
             counts = dict(sizes)
-            nulls = counts.pop(None, 0)
+            nulls = counts.pop(None, 0) + counts.pop(NAN, 0)
             if nulls and mode == "error":
-                raise ValueError(f"labelCol {label!r} has {nulls} null values; "
+                raise ValueError(f"labelCol {label!r} has {nulls} null or NaN values; "
                                  "set handleInvalid='skip' to drop and count them")
             if len(counts) < 2:
                 raise ValueError(f"labelCol {label!r} has {len(counts)} class(es); rebalancing needs two or more")

@@ -233,6 +233,10 @@ class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritab
 
         var, skipped = self._compute(dataset, variances)
         names = self._names(dataset, size)
+        unknown = [names[i] for i in np.flatnonzero(~np.isfinite(var))]
+        if unknown:  # handleInvalid='keep': a NaN makes the variance unknown, not small
+            raise ValueError(f"VarianceSelector: features {unknown[:10]} of {col!r} hold NaN or infinite values, so "
+                             "their variance is unknown; impute them first, or use handleInvalid='error' or 'skip'")
         return self._make(np.flatnonzero(var > t), names, var, skipped)
 
 
@@ -351,15 +355,19 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
     selectionThreshold = Param(Params._dummy(), "selectionThreshold",
                                "k, fraction or p-value limit, by selectionMode",
                                typeConverter=TypeConverters.toFloat)
+    maxClasses = Param(Params._dummy(), "maxClasses",
+                       "labelType='categorical': refuse a label with more distinct values than this (it is "
+                       "probably continuous)", typeConverter=TypeConverters.toInt)
     _model_class = UnivariateSelectorModel
 
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", outputCol: str = "selected",
                  labelCol: str = "label", featureType: str = "continuous", labelType: str = "categorical",
                  selectionMode: str = "numTopFeatures", selectionThreshold: float | None = None,
-                 handleInvalid: str = "error"):
+                 handleInvalid: str = "error", maxClasses: int | None = None):
         super().__init__()
-        self._setDefault(featureType="continuous", labelType="categorical", selectionMode="numTopFeatures")
+        self._setDefault(featureType="continuous", labelType="categorical", selectionMode="numTopFeatures",
+                         maxClasses=100)
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _threshold(self) -> float:
@@ -392,7 +400,8 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
         label = self.getLabelCol()
         if kind[1] == "categorical":
             require_categorical_label(dataset, label, "UnivariateSelector",
-                                      "For a continuous label set labelType='continuous' (F-regression).")
+                                      "For a continuous label set labelType='continuous' (F-regression).",
+                                      self.getOrDefault(self.maxClasses))
         else:
             stats = label_summary(dataset, label)
             if stats["rows"] == 0:
@@ -583,7 +592,10 @@ class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParams
         require_numeric(dataset.schema, self.getLabelCol())
         names = self._names(dataset)
         # Trees and L1 fits take NaN silently; check rows up front (cheap next to the fit).
-        df, skipped = handle_invalid_rows(dataset, self.getFeaturesCol(), self.getHandleInvalid())
+        df, skipped = handle_invalid_rows(dataset, self.getFeaturesCol(), self.getHandleInvalid(),
+                                          self.getLabelCol())
+        if df.isEmpty():
+            raise ValueError("ModelImportanceSelector: the input has no usable rows")
         if not 1 <= k <= len(names):
             raise ValueError(f"numTopFeatures={k} must be between 1 and the {len(names)} features")
         importance = fit_importance(df, self.getFeaturesCol(), self.getLabelCol(), method, kind,

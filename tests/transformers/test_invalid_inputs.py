@@ -319,3 +319,66 @@ def test_regression_trains_and_predicts_in_the_targets_units(spark):
     r2 = 1 - ((pred - truth) ** 2).sum() / ((truth - truth.mean()) ** 2).sum()
     assert r2 > 0.95, r2
     assert "val_rmse" in model.trainingSummary["history"][-1]
+
+
+# -- found by the review of this issue ------------------------------------------------------
+
+def test_nan_labels_and_strata_are_one_value_not_one_per_row(spark):
+    rows = [([float(i), 1.0], y) for i, y in enumerate([0.0] * 300 + [1.0] * 80 + [float("nan")] * 20)]
+    df = vec_frame(spark, rows).repartition(4)
+    with pytest.raises(ValueError, match="labelCol 'label' has 20 null or NaN values"):
+        ClassBalanceSampler(labelCol="label").fit(df)
+    bal = ClassBalanceSampler(labelCol="label", handleInvalid="skip").fit(df)
+    out = bal.sample(df)
+    assert counts(out) == {0.0: 80, 1.0: 80} and bal.summary["skipped_null_label"] == 20
+    assert out.agg(F.avg("sample_weight")).first()[0] == pytest.approx(1.0)
+    strat = StratifiedSampler(stratumCol="label", fractions={"0.0": 0.5, "1.0": 0.5, "nan": 0.5}).fit(df)
+    got = strat.sample(df)
+    assert got.where(F.isnan("label")).count() == 10 and got.count() == 150 + 40 + 10
+
+
+def test_ties_on_a_non_unique_key_do_not_depend_on_partitioning(spark):
+    df = spark.createDataFrame([(i, i % 7, float(i)) for i in range(300)], "id long, grp long, x double")
+    model = UniformSampler(targetCount=100, keyCols=["grp"], seed=2).fit(df)
+    ids = [sorted(r["id"] for r in model.sample(df.repartition(n)).collect()) for n in (1, 3, 8)]
+    assert len(ids[0]) == 100 and ids[0] == ids[1] == ids[2]
+
+
+def test_strata_of_other_types_match_by_text_or_number(spark):
+    import datetime
+    df = spark.createDataFrame([(datetime.date(2013, 1, 1 + i % 2), i % 3 == 0, float(i % 2)) for i in range(60)],
+                               "d date, b boolean, y double")
+    by_date = StratifiedSampler(stratumCol="d", targetCounts={"2013-01-01": 5, "2013-01-02": 7}).fit(df)
+    assert by_date.sample(df).count() == 12
+    by_bool = StratifiedSampler(stratumCol="b", fractions={True: 0.5, False: 0.5}).fit(df)
+    assert by_bool.sample(df).count() == 10 + 20
+    by_number = StratifiedSampler(stratumCol="y", targetCounts={"0": 3, "1": 4}).fit(df)
+    assert counts(by_number.sample(df), "y") == {0.0: 3, 1.0: 4}
+
+
+def test_whole_number_continuous_label_is_not_taken_for_classes(spark):
+    from sklearn.datasets import load_diabetes
+    d = load_diabetes()
+    df = spark.createDataFrame([(Vectors.dense(r.tolist()), float(t)) for r, t in zip(d.data, d.target)],
+                               ["features", "label"])
+    with pytest.raises(ValueError, match=r"distinct values in 442 rows, more than maxClasses=100"):
+        UnivariateSelector(selectionThreshold=3).fit(df)
+    assert len(UnivariateSelector(selectionThreshold=3, labelType="continuous").fit(df).selected) == 3
+
+
+def test_overflowing_or_unknown_statistics_are_errors(spark):
+    huge = vec_frame(spark, [([1e200, 1.0], 0.0), ([-1e200, 2.0], 1.0), ([0.0, 3.0], 0.0)])
+    with pytest.raises(ValueError, match="covariance overflows float64"):
+        CenteredPCA(inputCol="features", outputCol="pca", k=1).fit(huge)
+    rows = [([float(i), float("nan") if i % 5 == 0 else float(i % 3)], float(i % 2)) for i in range(40)]
+    with pytest.raises(ValueError, match=r"features \['features\[1\]'\] .* variance is unknown"):
+        VarianceSelector(handleInvalid="keep").fit(vec_frame(spark, rows))
+
+
+def test_model_importance_counts_invalid_labels(cancer):
+    with_nan = cancer.withColumn("label", F.when(F.rand(9) < 0.05, F.lit(float("nan"))).otherwise(F.col("label")))
+    n_bad = with_nan.where(F.isnan("label")).count()
+    with pytest.raises(ValueError, match=f"labelCol 'label' has {n_bad} rows"):
+        ModelImportanceSelector(numTopFeatures=3, numTrees=3).fit(with_nan)
+    model = ModelImportanceSelector(numTopFeatures=3, numTrees=3, handleInvalid="skip").fit(with_nan)
+    assert model.getOrDefault("skippedRows") == n_bad and len(model.selected) == 3
