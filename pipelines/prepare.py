@@ -26,13 +26,16 @@ FEATURES = "features"
 def build_prepare_pipeline(*, majority_ratio: float, selector_top_fraction: float, pca_k: int,
                            seed: int, max_correlation: float = 0.95, pca_variance_target: float = 0.9,
                            categorical=tuple(CATEGORICAL), numeric=tuple(NUMERIC),
-                           label: str = LABEL) -> Pipeline:
-    """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``."""
+                           label: str = LABEL, key: str = KEY) -> Pipeline:
+    """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``. The
+    sampler decides membership by the row ``key`` alone, so a column added to the source
+    later does not change the sample."""
     idx = [f"{c}__idx" for c in categorical]
     ohe = [f"{c}__ohe" for c in categorical]
     imp = [f"{c}__imp" for c in numeric]
     stages = [
-        ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio, seed=seed),
+        ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio, seed=seed,
+                            keyCols=[key]),
         # 'keep': unseen categories and nulls get their own index instead of failing scoring.
         StringIndexer(inputCols=list(categorical), outputCols=idx, handleInvalid="keep",
                       stringOrderType="frequencyDesc"),

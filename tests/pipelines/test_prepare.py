@@ -47,3 +47,14 @@ def test_report_names_selected_features_and_pca_variance(sample):
     assert names and all(isinstance(n, str) and "[" not in n for n in names)
     assert any(n.startswith("carrier__ohe") or n.endswith("__imp") for n in names)
     assert report["pca_explained_variance_total"] >= 0.8
+
+
+def test_sample_ignores_a_column_added_to_the_source(sample):
+    from pyspark.sql import functions as F
+    train, _ = prep.split_train_holdout(sample, 0.25, seed=1)
+    sampler = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=5,
+                                          seed=1).getStages()[0]
+    kept = {r[0] for r in sampler.fit(train).sample(train).select(fl.KEY).collect()}
+    wider = train.withColumn("added_later", F.lit("x"))
+    again = {r[0] for r in sampler.fit(wider).sample(wider).select(fl.KEY).collect()}
+    assert kept == again and 0 < len(kept) < train.count()
