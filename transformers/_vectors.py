@@ -164,6 +164,37 @@ def lengths(arr) -> tuple[int | None, int | None]:
     return lo.as_py(), hi.as_py()
 
 
+class BatchMatrices:
+    """A partition's Arrow batches of one list column as ``(n, width)`` float matrices,
+    null rows left out and counted (``rows``, ``nulls``). Row lengths come from the
+    offsets; a batch holding another length is not yielded but recorded (``lo``/``hi``),
+    so the driver can name the column (:func:`require_one_length`) rather than a worker
+    failing with a traceback."""
+
+    def __init__(self, batches, width: int):
+        self._batches, self.width = batches, width
+        self.rows = self.nulls = 0
+        self.lo = self.hi = None
+
+    def __iter__(self):
+        for batch in self._batches:
+            arr = batch.column(0)
+            self.rows += len(arr)
+            self.nulls += arr.null_count
+            valid = arr.drop_null() if arr.null_count else arr
+            if not len(valid):
+                continue
+            a, b = lengths(valid)
+            self.lo = a if self.lo is None else min(self.lo, a)
+            self.hi = b if self.hi is None else max(self.hi, b)
+            if a == self.width and b == self.width:
+                yield valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), self.width)
+
+    def length_columns(self) -> dict:
+        import pyarrow as pa
+        return {"len_lo": pa.array([self.lo], pa.int64()), "len_hi": pa.array([self.hi], pa.int64())}
+
+
 def require_one_length(parts, col: str, width: int) -> None:
     """Raise on the driver when any partition saw rows of another length than ``width``;
     ``parts`` are rows with ``len_lo``/``len_hi`` from :func:`lengths` per partition."""

@@ -32,8 +32,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ._vectors import (feature_names, guard_input, lengths, numeric_attrs_metadata, require_new, require_one_length,
-                       require_vector, vector_size)
+from ._vectors import (BatchMatrices, feature_names, guard_input, numeric_attrs_metadata, require_new,
+                       require_one_length, require_vector, vector_size)
 
 
 class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
@@ -165,18 +165,8 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
 
     def per_partition(batches):
         n, bad, mean, scatter = 0, 0, None, None
-        lo = hi = None
-        for batch in batches:
-            arr = batch.column(0)
-            bad += arr.null_count
-            valid = arr.drop_null() if arr.null_count else arr
-            if not len(valid):
-                continue
-            a, b = lengths(valid)
-            lo, hi = a if lo is None else min(lo, a), b if hi is None else max(hi, b)
-            if a != p or b != p:
-                continue  # the driver raises, naming the column
-            x = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), p)
+        matrices = BatchMatrices(batches, p)
+        for x in matrices:
             ok = np.isfinite(x).all(axis=1)
             if not ok.all():
                 bad += int((~ok).sum())
@@ -185,7 +175,7 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
                 continue
             n, mean, scatter = _merge(n, mean, scatter, *_moments(x))
         yield pa.RecordBatch.from_pydict({
-            "n": [n], "bad": [bad], "len_lo": pa.array([lo], pa.int64()), "len_hi": pa.array([hi], pa.int64()),
+            "n": [n], "bad": [bad + matrices.nulls], **matrices.length_columns(),
             "mean": [[] if mean is None else mean.tolist()],
             "scatter": [[] if scatter is None else scatter.ravel().tolist()]})
 

@@ -36,7 +36,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ._vectors import (feature_names, guard_input, handle_invalid_rows, label_summary, lengths,
+from ._vectors import (BatchMatrices, feature_names, guard_input, handle_invalid_rows, label_summary,
                        require_categorical_label, require_new, require_numeric, require_one_length, require_vector,
                        vector_size)
 
@@ -290,24 +290,13 @@ def nan_counts(df: DataFrame, col: str, size: int) -> tuple[int, np.ndarray, int
     from pyspark.ml.functions import vector_to_array
 
     def per_partition(batches):
-        rows, bad, counts = 0, 0, np.zeros(size, dtype=np.int64)
-        lo = hi = None
-        for batch in batches:
-            arr = batch.column(0)
-            valid = arr.drop_null() if arr.null_count else arr
-            bad += arr.null_count
-            rows += len(arr)
-            if not len(valid):
-                continue
-            a, b = lengths(valid)
-            lo, hi = a if lo is None else min(lo, a), b if hi is None else max(hi, b)
-            if a != size or b != size:
-                continue  # the driver raises, naming the column
-            m = valid.flatten().to_numpy(zero_copy_only=False).reshape(len(valid), size)
+        bad, counts = 0, np.zeros(size, dtype=np.int64)
+        matrices = BatchMatrices(batches, size)
+        for m in matrices:
             counts += np.isnan(m).sum(axis=0)
             bad += int(np.isinf(m).any(axis=1).sum())
-        yield pa.RecordBatch.from_pydict({"rows": [rows], "bad": [bad], "len_lo": pa.array([lo], pa.int64()),
-                                          "len_hi": pa.array([hi], pa.int64()), "nan": [counts.tolist()]})
+        yield pa.RecordBatch.from_pydict({"rows": [matrices.rows], "bad": [bad + matrices.nulls],
+                                          **matrices.length_columns(), "nan": [counts.tolist()]})
 
     parts = (df.select(F.when(F.col(col).isNotNull(), vector_to_array(F.col(col))).alias("v"))
              .mapInArrow(per_partition, "rows long, bad long, len_lo long, len_hi long, nan array<long>").collect())
