@@ -685,7 +685,10 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         self._check_features(dataset.schema)
-        task = self._task(_cached_keras(hashlib.sha256(self.kerasBytes).hexdigest(), self.kerasBytes))
+        data = self.kerasBytes
+        digest = hashlib.sha256(data).hexdigest()
+        net = _cached_keras(digest, data)
+        task = self._task(net)
         if task == "regression":
             require_new(dataset.schema, self.getPredictionCol(), "predictionCol")
         else:
@@ -693,14 +696,9 @@ class KerasHorovodModel(Model, _KerasScoringParams, MLWritable, MLReadable):
         mode = self.getHandleInvalid()
         if mode not in ("error", "skip", "keep"):
             raise ValueError(f"handleInvalid must be 'error', 'skip' or 'keep', got {mode!r}")
-        data = self.kerasBytes
-        digest = hashlib.sha256(data).hexdigest()
-        spark = dataset.sparkSession
-        shipped = spark.sparkContext.broadcast(data)
+        shipped = dataset.sparkSession.sparkContext.broadcast(data)
         fcol = self.getFeaturesCol()
         feats = float_arrays(dataset.schema, fcol)
-
-        net = _cached_keras(digest, data)
         units = int(net.outputs[0].shape[-1])
         width = int(net.inputs[0].shape[-1])
         single = units == 1
