@@ -125,7 +125,26 @@ def require_categorical_label(df: DataFrame, label: str, stage: str, hint: str, 
         raise ValueError(f"{stage}: labelCol {label!r} has about {stats['distinct']} distinct values in "
                          f"{stats['valid']} rows, more than maxClasses={max_classes}: that looks like a "
                          f"continuous target. {hint} If it really has that many classes, raise maxClasses.")
+    if stats["valid"] and (stats["min"] < 0 or stats["max"] >= max_classes):
+        raise ValueError(f"{stage}: labelCol {label!r} holds values from {stats['min']} to {stats['max']}: class "
+                         f"labels must be class indices 0..maxClasses-1 ({max_classes - 1}), as MLlib's "
+                         "classifiers require; index them with StringIndexer. " + hint)
     return stats
+
+
+def class_index_or_fail(label: str, max_classes: int) -> Column:
+    """The label as a double, failing the Spark job on a finite value that is not a class
+    index (a whole number in [0, max_classes)). Null stays null and NaN/infinity become
+    NaN, which MLlib's tests refuse, so invalid rows go to ``handleInvalid``. Costs no
+    extra pass: the caller runs it inside the statistic's own job and, when that job
+    fails, names the problem with :func:`require_categorical_label`."""
+    y = F.col(label).cast("double")
+    finite = ~F.isnan(y) & (F.abs(y) != float("inf"))
+    bad = finite & ((y != F.floor(y)) | (y < 0) | (y >= max_classes))
+    return (F.when(y.isNull(), y)
+            .when(~finite, F.lit(float("nan")))
+            .when(bad, F.raise_error(F.concat(F.lit(f"labelCol {label!r}: not a class index: "), y.cast("string"))))
+            .otherwise(y))
 
 
 # -- row checks shared by every stage that reads vectors ------------------------------------

@@ -36,9 +36,9 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ._vectors import (BatchMatrices, feature_names, guard_input, handle_invalid_rows, label_summary,
-                       require_categorical_label, require_new, require_numeric, require_one_length, require_vector,
-                       vector_size)
+from ._vectors import (BatchMatrices, class_index_or_fail, feature_names, guard_input, handle_invalid_rows,
+                       invalid_row, label_summary, require_categorical_label, require_new, require_numeric,
+                       require_one_length, require_vector, vector_size)
 
 
 # -- the shared fitted model ---------------------------------------------------------------
@@ -155,13 +155,17 @@ class _SelectorBase(Estimator, _SelectorParams):
         failure = None
         try:
             result, finite = fn(dataset)
-            if finite or mode == "keep":
+            if finite:
+                return result, 0
+            self._diagnose(dataset)
+            if mode == "keep":
                 return result, 0
         except ValueError:
             raise  # our own checks (e.g. vectors of different lengths)
         except Exception as exc:  # noqa: BLE001 - MLlib aggregators fail on null vectors / no rows
             if dataset.isEmpty():
                 raise ValueError(f"{type(self).__name__}: the input has no rows") from None
+            self._diagnose(dataset)
             self._require_one_length(dataset)
             if mode == "keep":
                 raise
@@ -174,6 +178,10 @@ class _SelectorBase(Estimator, _SelectorParams):
         if clean.isEmpty():
             raise ValueError(f"{type(self).__name__}: all {skipped} rows of the input are invalid")
         return fn(clean)[0], skipped
+
+    def _diagnose(self, dataset: DataFrame) -> None:
+        """Called only when the statistic failed or came out non-finite: raise a clear error
+        if the label (not the rows) is the cause. Clean data never pays for it."""
 
     def _require_one_length(self, dataset: DataFrame) -> None:
         """After MLlib failed: was it vectors of different lengths? Name the column if so."""
@@ -375,6 +383,20 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
             raise ValueError(f"selectionThreshold for selectionMode={mode!r} is {what}, in (0, 1]; got {t}")
         return t
 
+    def _diagnose(self, dataset: DataFrame) -> None:
+        label = self.getLabelCol()
+        if self.getOrDefault(self.labelType) == "categorical":
+            require_categorical_label(dataset, label, "UnivariateSelector",
+                                      "For a continuous label set labelType='continuous' (F-regression).",
+                                      self.getOrDefault(self.maxClasses))
+            return
+        stats = label_summary(dataset, label)
+        if stats["rows"] == 0:
+            raise ValueError("UnivariateSelector: the input has no rows")
+        if stats["valid"] and stats["min"] == stats["max"]:
+            raise ValueError(f"UnivariateSelector: labelCol {label!r} is constant ({stats['min']}): "
+                             "F-regression against it is undefined")
+
     def _fit(self, dataset: DataFrame) -> UnivariateSelectorModel:
         kind = (self.getOrDefault(self.featureType), self.getOrDefault(self.labelType))
         if kind not in _TESTS:
@@ -387,21 +409,19 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
         require_numeric(dataset.schema, self.getLabelCol())
         self._check_io(dataset)
         label = self.getLabelCol()
-        if kind[1] == "categorical":
-            require_categorical_label(dataset, label, "UnivariateSelector",
-                                      "For a continuous label set labelType='continuous' (F-regression).",
-                                      self.getOrDefault(self.maxClasses))
-        else:
-            stats = label_summary(dataset, label)
-            if stats["rows"] == 0:
-                raise ValueError("UnivariateSelector: the input has no rows")
-            if stats["valid"] and stats["min"] == stats["max"]:
-                raise ValueError(f"UnivariateSelector: labelCol {label!r} is constant ({stats['min']}): "
-                                 "F-regression against it is undefined")
+        max_classes = self.getOrDefault(self.maxClasses)
+        if max_classes < 2:
+            raise ValueError(f"maxClasses must be at least 2, got {max_classes}")
 
         def run(df):
-            stats, p = univariate_test(df, self.getFeaturesCol(), self.getLabelCol(), _TESTS[kind])
-            return (stats, p), bool(np.isfinite(stats).all())
+            # The label is checked inside MLlib's own pass (no extra job on clean data): a
+            # class label must be a class index, a whole number in [0, maxClasses), as MLlib's
+            # classifiers require. Anything else stops the job; _diagnose names the problem.
+            if kind[1] == "categorical":
+                df = df.withColumn(label, class_index_or_fail(label, max_classes))
+            stats, p, dof = univariate_test(df, self.getFeaturesCol(), label, _TESTS[kind])
+            # A constant label: ANOVA fails, F-regression gives NaN, chi-squared 0 degrees of freedom.
+            return (stats, p), bool(np.isfinite(stats).all()) and bool(np.any(dof != 0))
 
         (stats, p_values), skipped = self._compute(dataset, run)
         names = self._names(dataset, len(stats))
@@ -418,15 +438,17 @@ class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Defa
         return model
 
 
-def univariate_test(df: DataFrame, features: str, label: str, test: str) -> tuple[np.ndarray, np.ndarray]:
-    """Statistics and p-values per feature from MLlib's own tests (one pass on the JVM)."""
+def univariate_test(df: DataFrame, features: str, label: str, test: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Statistics, p-values and degrees of freedom per feature from MLlib's own tests (one
+    pass on the JVM)."""
     # PySpark wraps only ChiSquareTest; all three live in org.apache.spark.ml.stat.
     name = {"chi2": "ChiSquareTest", "anova": "ANOVATest", "fvalue": "FValueTest"}[test]
     spark = df.sparkSession
     jtest = getattr(spark.sparkContext._jvm.org.apache.spark.ml.stat, name)
     row = DataFrame(jtest.test(df._jdf, features, label), spark).first()
     stat = row["statistics"] if "statistics" in row.asDict() else row["fValues"]
-    return np.asarray(stat.toArray()), np.asarray(row["pValues"].toArray())
+    return (np.asarray(stat.toArray()), np.asarray(row["pValues"].toArray()),
+            np.asarray(row["degreesOfFreedom"], dtype=float))
 
 
 def select_by_pvalue(p: np.ndarray, stat: np.ndarray, mode: str, threshold: float) -> list[int]:
@@ -580,16 +602,33 @@ class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParams
             raise ValueError(f"labelType must be 'categorical' or 'continuous', got {kind!r}")
         require_numeric(dataset.schema, self.getLabelCol())
         names = self._names(dataset)
-        # Trees and L1 fits take NaN silently; check rows up front (cheap next to the fit).
-        df, skipped = handle_invalid_rows(dataset, self.getFeaturesCol(), self.getHandleInvalid(),
-                                          self.getLabelCol())
-        if df.isEmpty():
-            raise ValueError("ModelImportanceSelector: the input has no usable rows")
         if not 1 <= k <= len(names):
             raise ValueError(f"numTopFeatures={k} must be between 1 and the {len(names)} features")
-        importance = fit_importance(df, self.getFeaturesCol(), self.getLabelCol(), method, kind,
-                                    self.getOrDefault(self.numTrees), self.getOrDefault(self.regParam),
-                                    self.getOrDefault(self.seed))
+        col, label, mode = self.getFeaturesCol(), self.getLabelCol(), self.getHandleInvalid()
+        args = (method, kind, self.getOrDefault(self.numTrees), self.getOrDefault(self.regParam),
+                self.getOrDefault(self.seed))
+        skipped = 0
+        if mode == "error":
+            # Trees and L1 fits take NaN silently. With 'error' the check rides in the fit's
+            # own first pass (a failing expression), so clean data pays no extra job; a
+            # failure is then counted and named by handle_invalid_rows.
+            # _names read the first non-null row already unless the column has ML attributes.
+            probed = "num_attrs" not in dataset.schema[col].metadata.get("ml_attr", {})
+            if not probed and dataset.isEmpty():
+                raise ValueError("ModelImportanceSelector: the input has no usable rows")
+            guarded = dataset.withColumn(col, F.when(invalid_row(col, label), F.raise_error(
+                F.lit(f"ModelImportanceSelector: invalid row in {col!r} or {label!r}"))).otherwise(F.col(col))
+                .alias(col, metadata=dataset.schema[col].metadata))
+            try:
+                importance = fit_importance(guarded, col, label, *args)
+            except Exception:
+                handle_invalid_rows(dataset, col, "error", label)  # raises, naming the counts
+                raise
+        else:
+            df, skipped = handle_invalid_rows(dataset, col, mode, label)
+            if df.isEmpty():
+                raise ValueError("ModelImportanceSelector: the input has no usable rows")
+            importance = fit_importance(df, col, label, *args)
         top = np.argsort(-importance, kind="stable")[:k]
         return self._make(top, names, importance, skipped)
 

@@ -252,6 +252,18 @@ def test_labels_checked_for_univariate_tests(cancer):
         UnivariateSelector(selectionThreshold=3).fit(cancer.withColumn("label", F.lit(1.0)))
 
 
+def test_class_labels_must_be_class_indices_and_infinite_labels_are_invalid(cancer):
+    with pytest.raises(ValueError, match=r"holds values from -1.0 to 1.0: class labels must be class indices"):
+        UnivariateSelector(selectionThreshold=3).fit(cancer.withColumn("label", F.col("label") * 2 - 1))
+    with pytest.raises(ValueError, match="labelCol 'label' is constant"):
+        UnivariateSelector(selectionThreshold=3, featureType="categorical").fit(
+            cancer.withColumn("label", F.lit(0.0)))
+    inf = cancer.withColumn("label", F.when(F.rand(9) < 0.05, F.lit(float("inf"))).otherwise(F.col("label")))
+    n_inf = inf.where(F.col("label") == float("inf")).count()
+    with pytest.raises(ValueError, match=f"has {n_inf} rows with null"):
+        UnivariateSelector(selectionThreshold=3).fit(inf)
+
+
 def test_null_labels_are_counted_not_silently_dropped(cancer):
     with_null = cancer.withColumn("label", F.when(F.rand(5) < 0.05, F.lit(None)).otherwise(F.col("label")))
     n_null = with_null.where(F.col("label").isNull()).count()
@@ -382,3 +394,29 @@ def test_model_importance_counts_invalid_labels(cancer):
         ModelImportanceSelector(numTopFeatures=3, numTrees=3).fit(with_nan)
     model = ModelImportanceSelector(numTopFeatures=3, numTrees=3, handleInvalid="skip").fit(with_nan)
     assert model.getOrDefault("skippedRows") == n_bad and len(model.selected) == 3
+
+
+def _jobs(spark, fn) -> int:
+    """Spark jobs ``fn`` runs: the cost measure a check must not raise on clean data."""
+    import uuid
+    sc = spark.sparkContext
+    group = f"count-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "counting jobs")
+    try:
+        fn()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_label_and_row_checks_add_no_spark_job_on_clean_data(spark, cancer):
+    from pyspark.ml.classification import RandomForestClassifier
+    from pyspark.ml.feature import UnivariateFeatureSelector
+    ours = _jobs(spark, lambda: UnivariateSelector(selectionMode="percentile", selectionThreshold=0.5).fit(cancer))
+    mllib = _jobs(spark, lambda: UnivariateFeatureSelector(selectionMode="percentile").setSelectionThreshold(0.5)
+                  .setFeatureType("continuous").setLabelType("categorical").fit(cancer))
+    assert ours <= mllib
+    # The forest's own jobs plus one probe of the first row (the vector size), no second scan.
+    ours = _jobs(spark, lambda: ModelImportanceSelector(numTopFeatures=3, numTrees=5, seed=1).fit(cancer))
+    forest = _jobs(spark, lambda: RandomForestClassifier(numTrees=5, seed=1).fit(cancer))
+    assert ours <= forest + 1
