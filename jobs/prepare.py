@@ -10,29 +10,35 @@ from sparkdeep.jobs._common import main_for
 
 
 def step(spark, cfg, paths, run) -> dict:
-    flights = run.read(spark, "flights")
-    train, holdout = prep.split_train_holdout(flights, cfg.prepare.holdout_fraction, cfg.seed)
+    spec = cfg.dataset
+    key = spec.key_column
+    table = run.read(spark, spec.table)
+    categorical, numeric = prep.feature_columns(table, key)
+    train, holdout = prep.split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
     train_ref = run.write(train, "train")
     holdout_ref = run.write(holdout, "holdout")
     train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
 
     pipeline = prep.build_prepare_pipeline(
+        task=spec.task, categorical=categorical, numeric=numeric, key=key,
         majority_ratio=cfg.prepare.majority_ratio,
         selector_top_fraction=cfg.prepare.selector_top_fraction,
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed)
     model = pipeline.fit(train)
     run.save_model(model, "prepare")
-    prepared = prep.prepared_training_data(model, train)
+    prepared = prep.prepared_training_data(model, train, key)
     prepared_ref = run.write(prepared.repartition(4), "train_prepared")
+    rows_train = train.count() if spec.task == "regression" else None
     train.unpersist()
 
-    report = prep.prepare_report(model)
+    report = prep.prepare_report(model, rows_train)
     s = report["sampler"]
     report.update({
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
         "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
-        "tables": {"flights": run.inputs["flights"],
+        "dataset": spec.name, "task": spec.task,
+        "tables": {spec.table: run.inputs[spec.table],
                    "train": train_ref.as_dict(), "holdout": holdout_ref.as_dict(),
                    "train_prepared": prepared_ref.as_dict()},
     })

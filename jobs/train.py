@@ -1,4 +1,4 @@
-"""Train: Keras on Horovod ranks + the logistic baseline; save both whole pipelines."""
+"""Train: Keras on Horovod ranks + the MLlib baseline for the task; save both whole pipelines."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +10,7 @@ from pyspark.ml import PipelineModel
 
 from sparkdeep import lineage, model_store, tracking
 from sparkdeep.pipelines import train as tr
+from sparkdeep.pipelines.evaluate import classes_of
 from sparkdeep.runs import StepRun
 
 from sparkdeep.jobs._common import main_for
@@ -39,32 +40,36 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     prepare_model = model_store.load_pipeline(spark, run.model_input("prepare"))
 
     t = cfg.train
+    task = cfg.dataset.task
+    classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
     checkpoint_run = checkpoint_key(cfg, fingerprint)
-    estimator = tr.keras_estimator(t, seed=cfg.seed, run_id=checkpoint_run, checkpoint_dir=paths.checkpoints)
+    estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
+                                   checkpoint_dir=paths.checkpoints)
     keras_model = estimator.fit(train)
     tr.check_finite(keras_model)
-    keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint)
-    baseline = tr.logistic_baseline(train)
+    keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
+    baseline = tr.baseline(train, task)
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
     if timings:
         print(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
               f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
               f"fit total {timings['fit_total']:.1f}s", flush=True)
-    report = {"rows_in": fingerprint["rows"], "train_prepared_version": version,
-              "checkpoint_run": checkpoint_run, "keras": summary, "training_inputs": summary["training_inputs"]}
-    return (tr.scoring_pipeline(prepare_model, keras_model),
-            tr.scoring_pipeline(prepare_model, baseline), report)
+    report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
+              "classes": classes, "checkpoint_run": checkpoint_run, "keras": summary,
+              "training_inputs": summary["training_inputs"]}
+    return (tr.scoring_pipeline(prepare_model, keras_model, classes),
+            tr.scoring_pipeline(prepare_model, baseline, classes), report)
 
 
-def training_inputs(run: StepRun, fingerprint: dict) -> dict:
+def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:
     """The Delta versions behind the training table (from this run's prepare step when it
     wrote that version) and the training table's fingerprint; saved in the model."""
     tables = {"train_prepared": run.inputs["train_prepared"]}
     prep = run.report_of("prepare") or {}
     if (prep.get("tables", {}).get("train_prepared", {}).get("version") == tables["train_prepared"]["version"]):
-        tables.update({k: prep["tables"][k] for k in ("flights", "train", "holdout") if k in prep["tables"]})
+        tables.update({k: prep["tables"][k] for k in (source_table, "train", "holdout") if k in prep["tables"]})
     return {"trained_on": "train_prepared", "tables": tables, "fingerprint": fingerprint, "run_id": run.run_id}
 
 

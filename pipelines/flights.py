@@ -6,8 +6,9 @@ unchanged on a cluster. Only information known before departure becomes a featur
 (schedule, route, carrier, weather at the origin in the scheduled hour, aircraft);
 departure and arrival times would leak the label.
 
-Rows that cannot be used are never dropped silently: :func:`build_flights` returns them
-as a separate DataFrame with a ``reason`` column, and :func:`ingest_report` counts them.
+:func:`load_table` is the builtin loader the shipped specs name
+(``conf/datasets/nycflights13.yaml``); the generic ingest (``pipelines/ingest.py``) labels,
+rejects and counts rows as for any other source.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkdeep.transformers.sampling import hash_uniform
 
 FLIGHTS_SCHEMA = T.StructType([
     T.StructField("rownames", T.LongType(), False),
@@ -63,12 +63,7 @@ PLANES_SCHEMA = T.StructType([
     T.StructField("engine", T.StringType(), True),
 ])
 
-# The table the rest of the pipeline reads: one row per usable flight.
-CATEGORICAL = ["carrier", "origin", "dest", "plane_manufacturer", "plane_type"]
-NUMERIC = (["month", "day_of_week", "dep_hour", "arr_hour", "distance"] + WEATHER_MEASURES
-           + ["plane_year", "plane_seats", "plane_engines"])
 KEY = "flight_id"
-LABEL = "label"
 
 
 @dataclass(frozen=True)
@@ -95,18 +90,22 @@ def load_raw(spark: SparkSession) -> RawTables:
                      to_spark("planes", PLANES_SCHEMA))
 
 
-def build_flights(raw: RawTables, delay_threshold_min: int, sample_fraction: float = 1.0,
-                  seed: int = 42) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """(usable flights with label, rejected rows with a reason, weather duplicates).
+def load_table(spark: SparkSession, spec=None) -> tuple[DataFrame, dict]:
+    """The builtin loader of ``conf/datasets/nycflights13*.yaml``: one row per flight,
+    joined with the weather at its origin in the scheduled hour and its aircraft, and
+    notes for the ingest report. Labels, rejections and sampling are the generic ingest's."""
+    raw = load_raw(spark)
+    table, dup_weather = join_flights(raw)
+    return table, {"weather_duplicate_keys_averaged": dup_weather.count()}
+
+
+def join_flights(raw: RawTables) -> tuple[DataFrame, DataFrame]:
+    """(every flight with its features and ``arr_delay``, the weather keys read twice).
 
     Weather holds a few repeated (origin, hour) readings; they are averaged into one so
-    the join cannot duplicate flights, and returned for the report.
+    the join cannot duplicate flights. Only what is known before departure is kept as a
+    feature; ``arr_delay`` is the label's source (null for a cancelled or diverted flight).
     """
-    flights = raw.flights
-    if sample_fraction < 1.0:
-        u = hash_uniform(F.xxhash64(F.lit(seed), F.col("rownames")))
-        flights = flights.where(u < sample_fraction)
-
     wkey = ["origin", "year", "month", "day", "hour"]
     dup_weather = raw.weather.groupBy(wkey).count().where("count > 1")
     weather = raw.weather.groupBy(wkey).agg(*[F.avg(c).alias(c) for c in WEATHER_MEASURES])
@@ -115,11 +114,7 @@ def build_flights(raw: RawTables, delay_threshold_min: int, sample_fraction: flo
         F.col("engines").cast("double").alias("plane_engines"),
         F.col("manufacturer").alias("plane_manufacturer"), F.col("type").alias("plane_type"))
 
-    joined = (flights.join(weather, on=wkey, how="left")
-              .join(planes, on="tailnum", how="left")
-              .withColumn("has_weather", F.col("temp").isNotNull() | F.col("visib").isNotNull())
-              .withColumn("has_plane", F.col("plane_seats").isNotNull()))
-
+    joined = raw.flights.join(weather, on=wkey, how="left").join(planes, on="tailnum", how="left")
     date = F.make_date("year", "month", "day")
     table = joined.select(
         F.col("rownames").alias(KEY),
@@ -131,37 +126,6 @@ def build_flights(raw: RawTables, delay_threshold_min: int, sample_fraction: flo
         "carrier", "flight", "tailnum", "origin", "dest", "distance",
         *WEATHER_MEASURES,
         "plane_year", "plane_seats", "plane_engines", "plane_manufacturer", "plane_type",
-        "has_weather", "has_plane",
         "arr_delay",
-        (F.col("arr_delay") >= F.lit(float(delay_threshold_min))).cast("int").alias(LABEL),
     )
-    reason = F.when(F.col("arr_delay").isNull(),
-                    F.lit("arr_delay is null: flight cancelled or diverted, no arrival to label"))
-    rejected = table.withColumn("reason", reason).where(F.col("reason").isNotNull())
-    usable = table.where(F.col("arr_delay").isNotNull())
-    return usable, rejected, dup_weather
-
-
-def ingest_report(raw_rows: int | None, usable: DataFrame, rejected: DataFrame, dup_weather: DataFrame) -> dict:
-    """Counts for the report: every input row is either usable or rejected with a reason.
-    ``raw_rows=None`` (a sample) takes the input count as usable + rejected."""
-    u = usable.agg(F.count("*").alias("rows"), F.sum(LABEL).alias("positives"),
-                   F.sum((~F.col("has_weather")).cast("int")).alias("no_weather"),
-                   F.sum((~F.col("has_plane")).cast("int")).alias("no_plane")).first()
-    reasons = {r["reason"]: int(r["count"]) for r in rejected.groupBy("reason").count().collect()}
-    rows_usable = int(u["rows"])
-    rows_rejected = sum(reasons.values())
-    if raw_rows is None:
-        raw_rows = rows_usable + rows_rejected
-    return {
-        "rows_in": raw_rows,
-        "rows_usable": rows_usable,
-        "rows_rejected": rows_rejected,
-        "rejected_by_reason": reasons,
-        "positives": int(u["positives"] or 0),
-        "positive_rate": round((u["positives"] or 0) / rows_usable, 4) if rows_usable else None,
-        "usable_without_weather": int(u["no_weather"] or 0),
-        "usable_without_plane": int(u["no_plane"] or 0),
-        "weather_duplicate_keys_averaged": dup_weather.count(),
-        "accounted": rows_usable + rows_rejected == raw_rows,
-    }
+    return table, dup_weather

@@ -1,8 +1,12 @@
 """The evaluation report: one self-contained HTML file, every plot a PNG embedded as base64.
 
-Curves are computed on Spark from score histograms (``bins`` buckets of the predicted
-probability per label), so the report costs one aggregation per model whatever the size
-of the held-out table; nothing row-level is collected to the driver.
+The pictures follow the task. Binary: ROC, precision-recall, confusion and calibration,
+from score histograms (``bins`` buckets of P(label = 1) per label). Multiclass: the k x k
+confusion matrix and per-class recall, from the held-out metrics. Regression: predicted
+vs actual as a 2-D histogram and a residual histogram. Every task also gets learning
+curves, data reduction and timings, as far as the steps' reports have them. The data are
+small aggregates computed on Spark, one or two per model whatever the size of the
+held-out table; nothing row-level is collected to the driver.
 
 The plotting functions take plain report data (dicts from the steps' JSON reports) and
 return matplotlib figures, so notebooks draw the same pictures from the same data. They
@@ -18,24 +22,35 @@ import io
 import json
 
 import numpy as np
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import Column, DataFrame, functions as F
 
-from .flights import LABEL
+from sparkdeep import tasks
 
-SCORE = "p_delayed"
-PREDICTION = "prediction"
+from .evaluate import LABEL, PREDICTION, PROBABILITY
 
 
 # -- data: small aggregates computed on Spark -------------------------------------------
+def report_data(predictions: DataFrame, task: str) -> dict:
+    """What the report draws for one model beyond its metrics: binary score histograms,
+    regression 2-D and residual histograms; nothing for multiclass."""
+    tasks.check_task(task)
+    if task == "binary":
+        return score_histogram(predictions)
+    if task == "regression":
+        return regression_histograms(predictions)
+    return {}
+
+
 def score_histogram(predictions: DataFrame, bins: int = 1000) -> dict:
     """Counts of rows per (score bucket, label) and the confusion matrix at the model's threshold."""
-    bucket = F.least(F.floor(F.col(SCORE) * bins), F.lit(bins - 1)).cast("int")
+    bucket = F.least(F.floor(F.col(PROBABILITY) * bins), F.lit(bins - 1)).cast("int")
     # One aggregation gives both: the prediction is constant within a (bucket, label) group
     # for any threshold on the score, so grouping by it too adds at most one group per bucket.
     rows = (predictions.groupBy(bucket.alias("b"), F.col(LABEL).cast("int").alias("y"),
                                 F.col(PREDICTION).cast("int").alias("p"))
-            .agg(F.count(F.lit(1)).alias("n"), F.sum(SCORE).alias("s")).collect())
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(PROBABILITY).alias("s")).collect())
     pos, neg, ssum = np.zeros(bins), np.zeros(bins), np.zeros(bins)
     confusion = [[0, 0], [0, 0]]
     for r in rows:
@@ -45,6 +60,38 @@ def score_histogram(predictions: DataFrame, bins: int = 1000) -> dict:
     return {"bins": bins, "pos": pos.tolist(), "neg": neg.tolist(), "score_sum": ssum.tolist(),
             "confusion": confusion}
 
+
+def _bucket(c: Column, lo: float, hi: float, bins: int) -> Column:
+    return F.least(F.greatest(F.floor((c - lo) / (hi - lo) * bins), F.lit(0)), F.lit(bins - 1)).cast("int")
+
+
+def _span(lo: float | None, hi: float | None) -> tuple[float, float]:
+    lo, hi = (0.0 if lo is None else float(lo)), (1.0 if hi is None else float(hi))
+    return (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
+
+
+def regression_histograms(predictions: DataFrame, bins: int = 40, tail: float = 0.001) -> dict:
+    """Counts of rows per (actual, predicted) cell and per residual (predicted - actual) bucket.
+
+    Ranges run between the ``tail`` and 1 - ``tail`` approximate quantiles, so a few
+    outliers do not squash the picture; rows beyond them count in the edge buckets.
+    """
+    y, yhat = F.col(LABEL), F.col(PREDICTION)
+    q = predictions.agg(*[F.percentile_approx(c, [tail, 1 - tail]).alias(n)
+                          for n, c in (("y", y), ("p", yhat), ("r", yhat - y))]).first()
+    ends = [q[n] or [None, None] for n in ("y", "p", "r")]
+    lo, hi = _span(min((e[0] for e in ends[:2] if e[0] is not None), default=None),
+                   max((e[1] for e in ends[:2] if e[1] is not None), default=None))
+    rlo, rhi = _span(*ends[2])
+    grid = np.zeros((bins, bins), dtype=np.int64)
+    for r in (predictions.groupBy(_bucket(y, lo, hi, bins).alias("a"), _bucket(yhat, lo, hi, bins).alias("b"))
+              .count().collect()):
+        grid[r["a"], r["b"]] = r["count"]
+    residuals = np.zeros(bins, dtype=np.int64)
+    for r in predictions.groupBy(_bucket(yhat - y, rlo, rhi, bins).alias("b")).count().collect():
+        residuals[r["b"]] = r["count"]
+    return {"bins": bins, "range": [lo, hi], "counts": grid.tolist(), "residual_range": [rlo, rhi],
+            "residual_counts": residuals.tolist()}
 
 def curves(hist: dict) -> dict:
     """ROC and precision-recall points (thresholds at bucket edges, high to low) and their areas."""
@@ -103,16 +150,22 @@ def pr_figure(models: dict[str, dict]):
     return fig
 
 
-def confusion_figure(name: str, matrix: list[list[int]]):
-    fig, ax = _fig(4.2, 3.6)
-    ax.grid(False)
+def confusion_figure(name: str, matrix: list[list[int]], classes: list[str] | None = None):
+    """Counts (and shares, up to 12 classes) per (actual, predicted) class."""
     m = np.asarray(matrix)
+    k = len(m)
+    classes = classes or [str(i) for i in range(k)]
+    size = min(4.2 + 0.35 * max(k - 2, 0), 12)
+    fig, ax = _fig(size, size * 0.86)
+    ax.grid(False)
     ax.imshow(m, cmap="Blues")
-    for (i, j), v in np.ndenumerate(m):
-        ax.text(j, i, f"{v:,}\n{v / max(m.sum(), 1):.1%}", ha="center", va="center",
-                color="white" if v > m.max() / 2 else "black", fontsize=9)
-    ax.set(xticks=[0, 1], yticks=[0, 1], xticklabels=["on time", "delayed"], yticklabels=["on time", "delayed"],
-           xlabel="predicted", ylabel="actual", title=f"Confusion matrix: {name}")
+    if k <= 12:
+        for (i, j), v in np.ndenumerate(m):
+            ax.text(j, i, f"{v:,}\n{v / max(m.sum(), 1):.1%}", ha="center", va="center",
+                    color="white" if v > m.max() / 2 else "black", fontsize=9 if k <= 4 else 7)
+    ax.set(xticks=range(k), yticks=range(k), xlabel="predicted", ylabel="actual", title=f"Confusion matrix: {name}")
+    ax.set_xticklabels(classes, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center", fontsize=8)
+    ax.set_yticklabels(classes, fontsize=8)
     return fig
 
 
@@ -121,23 +174,82 @@ def calibration_figure(models: dict[str, dict]):
     for name, c in models.items():
         ax.plot(c["predicted"], c["observed"], "o-", label=name)
     ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="perfectly calibrated")
-    ax.set(xlabel="mean predicted probability", ylabel="observed delayed rate", title="Calibration (10 bins)",
+    ax.set(xlabel="mean predicted probability", ylabel="observed positive rate", title="Calibration (10 bins)",
            xlim=(0, 1), ylim=(0, 1))
     ax.legend(fontsize=8)
     return fig
 
 
-def learning_curves_figure(history: list[dict]):
-    fig = Figure(figsize=(9, 3.6), dpi=100)
-    axes = fig.subplots(1, 2)
-    epochs = [h["epoch"] for h in history]
-    for ax, metric in zip(axes, ("loss", "auc")):
+def per_class_recall_figure(models: dict[str, dict[str, float]]):
+    """Grouped bars: each model's recall per class."""
+    classes = list(next(iter(models.values()), {}))
+    x = np.arange(len(classes))
+    fig, ax = _fig(min(5.2 + 0.3 * max(len(classes) - 4, 0), 14), 3.8)
+    width = 0.8 / max(len(models), 1)
+    for i, (name, recall) in enumerate(models.items()):
+        ax.bar(x - 0.4 + width * (i + 0.5), [recall.get(c, 0.0) for c in classes], width, label=name)
+    ax.set(xticks=x, ylim=(0, 1.05), ylabel="recall", title="Recall per class, held-out rows")
+    ax.set_xticklabels(classes, rotation=45 if len(classes) > 4 else 0, ha="right" if len(classes) > 4 else "center",
+                       fontsize=8)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def predicted_vs_actual_figure(name: str, hist: dict):
+    """The 2-D histogram of (actual, predicted), log colour scale, with the diagonal."""
+    fig, ax = _fig(5.2, 4.4)
+    ax.grid(False)
+    grid = np.asarray(hist["counts"]).T  # rows: predicted bucket (y axis), columns: actual (x axis)
+    lo, hi = hist["range"]
+    shown = np.ma.masked_equal(grid, 0)
+    image = ax.imshow(shown, origin="lower", extent=(lo, hi, lo, hi), aspect="auto", cmap="viridis",
+                      norm=LogNorm() if grid.max() > 1 else None)
+    fig.colorbar(image, ax=ax, label="rows")
+    ax.plot([lo, hi], [lo, hi], "r--", lw=0.8, label="predicted = actual")
+    ax.set(xlabel="actual", ylabel="predicted", title=f"Predicted vs actual: {name}", xlim=(lo, hi), ylim=(lo, hi))
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def residuals_figure(models: dict[str, dict]):
+    """Residual (predicted - actual) histograms, one outline per model."""
+    fig, ax = _fig()
+    for name, h in models.items():
+        edges = np.linspace(*h["residual_range"], len(h["residual_counts"]) + 1)
+        ax.stairs(h["residual_counts"], edges, label=name)
+    ax.axvline(0, color="k", ls="--", lw=0.8)
+    ax.set(xlabel="predicted - actual", ylabel="rows", title="Residuals, held-out rows")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def curve_metrics(history: list[dict]) -> list[str]:
+    """The per-epoch metrics worth a learning curve: loss first, then the Keras metrics every epoch has."""
+    keys = set.intersection(*(set(h) for h in history)) if history else set()
+    names = []
+    for key in (k for h in history[:1] for k in h):  # the first record's order
+        if key not in keys:
+            continue
+        base = key[4:] if key.startswith("val_") else key
+        if (base == "loss" or base.lower() in tasks.METRIC_NAMES) and base not in names:
+            names.append(base)
+    return sorted(names, key=lambda n: n != "loss")
+
+
+def learning_curves_figure(history: list[dict], metrics: list[str] | None = None):
+    """Train and validation curves per epoch, one panel per metric (default :func:`curve_metrics`)."""
+    metrics = metrics or curve_metrics(history) or ["loss"]
+    fig = Figure(figsize=(4.5 * len(metrics), 3.6), dpi=100)
+    axes = np.atleast_1d(fig.subplots(1, len(metrics)))
+    epochs = [h.get("epoch") for h in history]
+    for ax, metric in zip(axes, metrics):
         ax.grid(alpha=0.3)
         for key, style in ((metric, "o-"), (f"val_{metric}", "s--")):
-            if all(key in h for h in history):
+            if history and all(key in h for h in history):
                 ax.plot(epochs, [h[key] for h in history], style, label="train" if key == metric else "validation")
         ax.set(xlabel="epoch", ylabel=metric, title=f"{metric} per epoch (mean over ranks)")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -208,23 +320,43 @@ def png(fig) -> str:
 
 
 # -- the HTML -----------------------------------------------------------------------------
-def figures(result: dict, hists: dict[str, dict], reports: dict[str, dict]) -> list[tuple[str, str, object]]:
+def _performance(result: dict, data: dict[str, dict]) -> list[tuple[str, object]]:
+    """(caption, figure) of the held-out performance section, for the result's task."""
+    task, metrics = result["task"], result["metrics"]
+    if task == "binary":
+        hists = {name: h for name, h in data.items() if h}
+        cur = {name: curves(h) for name, h in hists.items()}
+        for name, c in cur.items():  # the legends quote the exact metrics of the table
+            m = metrics.get(name) or {}
+            c["roc_auc"] = m.get("auc", c["roc_auc"])
+            c["average_precision"] = m.get("average_precision", c["average_precision"])
+        out = [("ROC curves", roc_figure(cur)), ("Precision-recall curves", pr_figure(cur))] if cur else []
+        out += [(f"Confusion matrix ({name})", confusion_figure(name, h["confusion"], result.get("classes")))
+                for name, h in hists.items()]
+        if hists:
+            out.append(("Calibration", calibration_figure({name: calibration(h) for name, h in hists.items()})))
+        return out
+    if task == "multiclass":
+        out = [(f"Confusion matrix ({name})", confusion_figure(name, m["confusion_matrix"], result.get("classes")))
+               for name, m in metrics.items() if m.get("confusion_matrix")]
+        recalls = {name: m["per_class_recall"] for name, m in metrics.items() if m.get("per_class_recall")}
+        return out + ([("Recall per class", per_class_recall_figure(recalls))] if recalls else [])
+    hists = {name: h for name, h in data.items() if h}
+    out = [(f"Predicted vs actual ({name})", predicted_vs_actual_figure(name, h)) for name, h in hists.items()]
+    return out + ([("Residuals", residuals_figure(hists))] if hists else [])
+
+
+def figures(result: dict, data: dict[str, dict], reports: dict[str, dict]) -> list[tuple[str, str, object]]:
     """(section, caption, figure) for every plot the data allows, in report order."""
-    cur = {name: curves(h) for name, h in hists.items()}
-    cal = {name: calibration(h) for name, h in hists.items()}
-    out = [("Held-out performance", "ROC curves", roc_figure(cur)),
-           ("Held-out performance", "Precision-recall curves", pr_figure(cur))]
-    for name, h in hists.items():
-        out.append(("Held-out performance", f"Confusion matrix ({name})", confusion_figure(name, h["confusion"])))
-    out.append(("Held-out performance", "Calibration", calibration_figure(cal)))
-    history = (reports.get("train") or {}).get("keras", {}).get("history") or []
+    out = [("Held-out performance", caption, fig) for caption, fig in _performance(result, data)]
+    history = ((reports.get("train") or {}).get("keras") or {}).get("history") or []
     if history:
         out.append(("Training", "Learning curves", learning_curves_figure(history)))
     prep = reports.get("prepare") or {}
-    if prep.get("sampler"):
+    if (prep.get("sampler") or {}).get("classes"):
         out.append(("Data reduction", "Class balance before and after downsampling",
                     class_balance_figure(prep["sampler"])))
-    for sel in prep.get("selection", []):
+    for sel in prep.get("selection") or []:
         out.append(("Data reduction", f"Feature selection scores: {sel['stage']}", selection_figure(sel)))
     if prep.get("pca_explained_variance"):
         out.append(("Data reduction", "PCA explained variance", pca_figure(prep["pca_explained_variance"])))
@@ -240,26 +372,40 @@ td,th{border:1px solid #ccc;padding:.3em .7em;text-align:right} th{background:#f
 .grid{display:flex;flex-wrap:wrap;gap:1em} figure{margin:0;border:1px solid #eee;padding:.5em}
 figcaption{font-size:.85em;color:#555} img{max-width:100%}"""
 
+_HEADINGS = {"auc": "AUC", "average_precision": "average precision", "macro_f1": "macro F1",
+             "log_loss": "log loss", "rmse": "RMSE", "mae": "MAE", "r2": "R\u00b2"}
 
-def render_html(result: dict, hists: dict[str, dict], reports: dict[str, dict], run_id: str | None,
+
+def _cell(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "&ndash;"
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], run_id: str | None,
                 title: str = "sparkdeep evaluation report") -> str:
-    figs = figures(result, hists, reports)
-    rows = "".join(
-        f"<tr><th>{html.escape(name)}</th><td>{m['auc']:.4f}</td><td>{m['accuracy']:.4f}</td>"
-        f"<td>{curves(hists[name])['average_precision']:.4f}</td><td>{m['rows']:,}</td></tr>"
-        for name, m in result["metrics"].items() if name in hists)
+    """The report page for ``result`` (the evaluate step's: ``task``, ``metrics`` per model, and
+    optionally ``classes``, ``row_counts``, ``step_wall_s``), ``data`` (:func:`report_data` per
+    model) and the earlier steps' ``reports``."""
+    task = tasks.check_task(result["task"])
+    names = list(tasks.holdout_metrics(task)) + ["rows"]
+    head = "".join(f"<th>{html.escape(_HEADINGS.get(n, n.replace('_', ' ')))}</th>" for n in names)
+    rows = "".join(f"<tr><th>{html.escape(model)}</th>{''.join(f'<td>{_cell(m.get(n))}</td>' for n in names)}</tr>"
+                   for model, m in result["metrics"].items())
     counts = "".join(f"<tr><th>{html.escape(step)}</th><td style='text-align:left'>"
                      f"{html.escape(json.dumps(c))}</td></tr>" for step, c in result.get("row_counts", {}).items())
     sections: dict[str, list[str]] = {}
-    for section, caption, fig in figs:
+    for section, caption, fig in figures(result, data, reports):
         sections.setdefault(section, []).append(
             f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{png(fig)}'>"
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     body = "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(items)}</div>" for s, items in sections.items())
+    classes = result.get("classes")
+    what = f"{task}" + (f" ({len(classes)} classes: {', '.join(classes)})" if classes and task == "multiclass" else "")
     made = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<p class='meta'>run {html.escape(str(run_id))} &middot; written {made}</p>"
-            f"<h2>Metrics</h2><table><tr><th>model</th><th>AUC</th><th>accuracy</th><th>average precision</th>"
-            f"<th>rows</th></tr>{rows}</table>"
+            f"<p class='meta'>run {html.escape(str(run_id))} &middot; task {html.escape(what)} &middot; "
+            f"written {made}</p>"
+            f"<h2>Metrics</h2><table><tr><th>model</th>{head}</tr>{rows}</table>"
             f"<h2>Rows per step</h2><table>{counts}</table>{body}</body></html>")

@@ -36,15 +36,6 @@ class ConfigError(ValueError):
     """A config key is unknown, has the wrong type, or a config file is missing/bad."""
 
 
-# The pipeline trains a binary classifier (label: delayed or not), so ``train.metrics``
-# takes the names the ranks build for a binary network, from the one table in
-# sparkdeep.tasks (case-insensitive there too): a wrong name fails here, not after ingest
-# and prepare have run.
-_TRAIN_TASK = "binary"
-
-#: Held-out metrics the evaluate step computes per model, which the quality gate may use.
-HOLDOUT_METRICS = ("auc", "accuracy", "average_precision")
-
 _SHOWN = 200  # characters of a value echoed in an error message
 
 
@@ -66,8 +57,7 @@ class SparkConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    dataset: str
-    delay_threshold_min: int
+    dataset: str            # a spec name under conf/datasets/, or a path to one (sparkdeep.dataset)
     sample_fraction: float
 
 
@@ -87,6 +77,7 @@ class TrainConfig:
     epochs: int
     batch_size: int
     learning_rate: float
+    loss: str
     hidden_units: tuple[int, ...]
     dropout: float
     metrics: tuple[str, ...]
@@ -124,8 +115,19 @@ class Config:
     train: TrainConfig
     gate: GateConfig
     tracking: TrackingConfig
+    # The data set's spec (conf/datasets/<data.dataset>.yaml), attached by load_config.
+    dataset: Any = None
 
     def __post_init__(self) -> None:
+        task = self.dataset.task if self.dataset is not None else None
+        metric = self.gate.metric
+        gate_ok = metric == "" or (metric in tasks.HOLDOUT_METRICS and (
+            task is None or task in tasks.HOLDOUT_METRICS[metric].tasks))
+        lower = metric in tasks.HOLDOUT_METRICS and not tasks.HOLDOUT_METRICS[metric].higher_is_better
+        unit = metric in ("auc", "average_precision", "accuracy", "macro_f1")
+        metric_names = tasks.METRICS[task] if task else tasks.METRIC_NAMES
+        loss_ok = self.train.loss == "" or (self.train.loss.lower() in tasks.LOSS_TASK and (
+            task is None or tasks.LOSS_TASK[self.train.loss.lower()] == task))
         checks = [
             ("output_dir", bool(self.output_dir.strip())),
             ("data.sample_fraction", 0 < self.data.sample_fraction <= 1),
@@ -139,7 +141,8 @@ class Config:
             ("train.epochs", self.train.epochs >= 1),
             ("train.batch_size", self.train.batch_size >= 1),
             ("train.hidden_units", bool(self.train.hidden_units) and min(self.train.hidden_units) >= 1),
-            ("train.metrics", all(m.lower() in tasks.METRICS[_TRAIN_TASK] for m in self.train.metrics)),
+            ("train.metrics", all(m.lower() in metric_names for m in self.train.metrics)),
+            ("train.loss", loss_ok),
             ("train.learning_rate", self.train.learning_rate > 0),
             ("train.dropout", 0 <= self.train.dropout < 1),
             ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
@@ -147,15 +150,21 @@ class Config:
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
             ("train.compression", self.train.compression in ("none", "fp16")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
-            ("gate.metric", self.gate.metric in HOLDOUT_METRICS),
-            ("gate.min_value", 0 <= self.gate.min_value <= 1),
-            ("gate.max_regression", 0 <= self.gate.max_regression <= 1),
+            ("gate.metric", gate_ok),
+            ("gate.min_value", self.gate.min_value >= 0 if lower else
+             0 <= self.gate.min_value <= 1 if unit else self.gate.min_value <= 1),
+            ("gate.max_regression", self.gate.max_regression >= 0 and (lower or self.gate.max_regression <= 1)),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
         ]
         allowed = {"output_dir": "a folder (an empty one would mean the current directory)",
                    "train.hidden_units": "one or more layer widths, each >= 1",
-                   "train.metrics": f"{_TRAIN_TASK} metric names from {sorted(tasks.METRICS[_TRAIN_TASK])}",
-                   "gate.metric": f"one of {list(HOLDOUT_METRICS)}"}
+                   "train.metrics": (f"{task} metric names from {sorted(metric_names)}" if task else
+                                     f"metric names from {sorted(metric_names)}"),
+                   "train.loss": ("'' (the task's default) or a loss for a " + (task or "supported") +
+                                  f" network: {sorted(k for k, t in tasks.LOSS_TASK.items() if t == task or not task)}"),
+                   "gate.metric": (f'"" (the task\'s default: {tasks.DEFAULT_GATE_METRIC}) or a held-out metric '
+                                   f'of the {task or "any"} task: '
+                                   f'{[m for m, h in tasks.HOLDOUT_METRICS.items() if not task or task in h.tasks]}')}
         for key, ok in checks:
             if not ok:
                 value = self
@@ -334,8 +343,12 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
     _read_dir(conf_dir / "base", tree, origins, required=True)
     if env:
         _read_dir(conf_dir / env, tree, origins, required=True)
+    spec_overrides: dict = {}
     for text in overrides:
         key, value = parse_override(text)
+        if key.startswith("dataset."):  # a key of the dataset spec, not of this config
+            spec_overrides[key[len("dataset."):]] = value
+            continue
         nested: dict = {}
         cursor = nested
         parts = key.split(".")
@@ -346,7 +359,14 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
             cursor = cursor.setdefault(part, {})
         cursor[parts[-1]] = value
         _merge(tree, nested, origins, f"--set {_cut(text)}")
-    return _build(Config, tree, "", origins)
+    if "dataset" in tree:
+        raise ConfigError(f"config key 'dataset' (from {origins.get('dataset', 'config')}): the dataset spec "
+                          "lives in its own file, conf/datasets/<name>.yaml, chosen by data.dataset "
+                          "(--dataset); change one of its keys with --set dataset.<key>=<value>")
+    cfg = _build(Config, tree, "", origins)
+    from sparkdeep.dataset import load_spec
+    spec = load_spec(cfg.data.dataset, conf_dir, spec_overrides)
+    return dataclasses.replace(cfg, dataset=spec)
 
 
 def default_conf_dir() -> Path:

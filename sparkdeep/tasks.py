@@ -9,8 +9,12 @@ One table, read by the driver (to check a fit before any rank starts) and by the
 
 A metric name resolves by task: ``accuracy`` is Keras' ``BinaryAccuracy`` for a binary
 network and ``SparseCategoricalAccuracy`` for k classes; ``auc`` exists for binary only.
+The held-out metrics the evaluate step computes (:data:`HOLDOUT_METRICS`) are a second
+table: which tasks have each, and whether higher is better (the quality gate needs it).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 TASKS = ("binary", "multiclass", "regression")
 
@@ -61,3 +65,54 @@ def metric_class(name: str, task: str) -> str:
         raise ValueError(f"metric {name!r} does not fit a {task} network ({why}); "
                          f"metrics for {task}: {sorted(table)}")
     return cls
+
+
+def check_task(task: str) -> str:
+    """``task`` itself if it is one of :data:`TASKS`, else a clear error."""
+    if task not in TASKS:
+        raise ValueError(f"task {task!r} is not one of {list(TASKS)}")
+    return task
+
+
+class HoldoutMetric(NamedTuple):
+    """A held-out metric of the evaluate step: which way is better, and which tasks have it."""
+    higher_is_better: bool
+    tasks: tuple[str, ...]
+
+
+# Held-out metric name -> HoldoutMetric, in report order. The evaluate step computes
+# these per task (pipelines/evaluate.py); the quality gate flips its comparisons for the
+# errors and losses, where lower is better.
+HOLDOUT_METRICS = {
+    "auc": HoldoutMetric(True, ("binary",)),
+    "average_precision": HoldoutMetric(True, ("binary",)),
+    "accuracy": HoldoutMetric(True, ("binary", "multiclass")),
+    "macro_f1": HoldoutMetric(True, ("multiclass",)),
+    "log_loss": HoldoutMetric(False, ("binary", "multiclass")),
+    "rmse": HoldoutMetric(False, ("regression",)),
+    "mae": HoldoutMetric(False, ("regression",)),
+    "r2": HoldoutMetric(True, ("regression",)),
+}
+
+# The metric the quality gate checks when ``gate.metric`` is "".
+DEFAULT_GATE_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}
+
+
+def holdout_metrics(task: str) -> tuple[str, ...]:
+    """The scalar held-out metrics a ``task`` model is evaluated on, in report order."""
+    check_task(task)
+    return tuple(name for name, m in HOLDOUT_METRICS.items() if task in m.tasks)
+
+
+def gate_metric(name: str, task: str) -> tuple[str, bool]:
+    """(metric, higher_is_better) the gate checks for ``gate.metric`` = ``name`` on a ``task`` model.
+
+    "" means the task's default; a metric the task lacks is a clear error.
+    """
+    resolved = name or DEFAULT_GATE_METRIC[check_task(task)]
+    metric = HOLDOUT_METRICS.get(resolved)
+    if metric is None or task not in metric.tasks:
+        raise ValueError(f"gate.metric {resolved!r} does not exist for a {task} model; use one of "
+                         f"{list(holdout_metrics(task))}, or \"\" for its default "
+                         f"({DEFAULT_GATE_METRIC[task]})")
+    return resolved, metric.higher_is_better

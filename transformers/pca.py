@@ -44,6 +44,9 @@ class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
                            typeConverter=TypeConverters.toFloat)
     scale = Param(Params._dummy(), "scale", "divide by the standard deviation as well as centring",
                   typeConverter=TypeConverters.toBoolean)
+    kAtMost = Param(Params._dummy(), "kAtMost",
+                    "treat k as an upper bound: an input with fewer features keeps them all (as components)",
+                    typeConverter=TypeConverters.toBoolean)
     maxCovarianceBytes = Param(Params._dummy(), "maxCovarianceBytes",
                                "refuse inputs whose p x p matrices need more driver memory than this",
                                typeConverter=TypeConverters.toInt)
@@ -51,7 +54,7 @@ class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(inputCol="features", outputCol="pca", k=0, varianceTarget=0.95, scale=False,
-                         maxCovarianceBytes=2 << 30, handleInvalid="error")
+                         kAtMost=False, maxCovarianceBytes=2 << 30, handleInvalid="error")
 
     def setHandleInvalid(self, value: str):
         return self._set(handleInvalid=value)
@@ -69,7 +72,7 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
     @keyword_only
     def __init__(self, *, inputCol: str = "features", outputCol: str = "pca", k: int = 0,
                  varianceTarget: float = 0.95, scale: bool = False, maxCovarianceBytes: int = 2 << 30,
-                 handleInvalid: str = "error"):
+                 handleInvalid: str = "error", kAtMost: bool = False):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -98,6 +101,8 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
                 f"the {p} x {p} covariance (limit maxCovarianceBytes={limit / 2**30:.1f} GiB; MLlib's hard "
                 "limit is 65,535 features). Reduce features first (VarianceSelector, UnivariateSelector, "
                 "CorrelationSelector) or raise maxCovarianceBytes with spark.driver.memory")
+        if k > p and self.getOrDefault(self.kAtMost):
+            k = p
         if k > p:
             raise ValueError(f"k={k} is larger than the {p} features of inputCol {col!r}")
 

@@ -1,10 +1,14 @@
-"""The quality gate: finite weights and metrics, a minimum held-out metric, no regression."""
+"""The predictions table per task, and the quality gate: finite weights and metrics, a bound
+on the held-out metric (flipped where lower is better), no regression against the latest."""
 import dataclasses
 
 import numpy as np
 import pytest
+from pyspark.ml.linalg import Vectors
 
-from sparkdeep.pipelines.evaluate import QualityGateError, check_finite, check_gate
+from sparkdeep import delta_io, tasks
+from sparkdeep.pipelines.evaluate import (QualityGateError, check_finite, check_gate, classes_of,
+                                          predictions_frame, task_of)
 
 
 @dataclasses.dataclass
@@ -18,31 +22,140 @@ class Gate:
 LATEST = {"run_id": "good", "metrics": {"auc": 0.70, "accuracy": 0.77}}
 
 
+# -- the predictions table ----------------------------------------------------------------
+def _scored(spark, probabilities, labels, predictions, metadata=None):
+    rows = [(10 + i, float(y), Vectors.dense(p), float(q), "x")
+            for i, (p, y, q) in enumerate(zip(probabilities, labels, predictions))]
+    df = spark.createDataFrame(rows, ["row_id", "label", "probability", "prediction", "features"])
+    if metadata:
+        from pyspark.sql import functions as F
+        df = df.withColumn("label", F.col("label").alias("label", metadata=metadata))
+    return df
+
+
+def test_a_binary_table_keeps_p_of_class_1_and_names_no_data_set(spark):
+    scored = _scored(spark, [[0.8, 0.2], [0.3, 0.7]], [0, 1], [0, 1])
+    table = predictions_frame(scored, "logreg", key="row_id", task="binary")
+    assert table.columns == ["row_id", "label", "prediction", "model", "probability"]
+    assert dict(table.dtypes)["probability"] == "double" and task_of(table) == "binary"
+    assert [tuple(r) for r in table.collect()] == [(10, 0.0, 0.0, "logreg", 0.2), (11, 1.0, 1.0, "logreg", 0.7)]
+    assert classes_of(table) is None
+    named = predictions_frame(scored, "logreg", key="row_id", task="binary", classes=["no", "yes"])
+    assert classes_of(named) == ["no", "yes"] and named.columns == table.columns
+
+
+def test_a_multiclass_table_carries_class_names_through_delta(spark, tmp_path):
+    meta = {"ml_attr": {"type": "nominal", "name": "label", "vals": ["setosa", "versicolor", "virginica"]}}
+    scored = _scored(spark, [[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]], [0, 2, 2], [0, 2, 1], meta)
+    table = predictions_frame(scored, "keras", key="row_id", task="multiclass")
+    assert table.columns == ["row_id", "label", "prediction", "model", "probability", "label_class",
+                             "predicted_class"]
+    ref = delta_io.write(table, str(tmp_path / "predictions"))
+    back = delta_io.read(spark, ref.path)
+    assert task_of(back) == "multiclass" and classes_of(back) == ["setosa", "versicolor", "virginica"]
+    rows = sorted(back.collect())
+    assert [(r.label_class, r.predicted_class) for r in rows] == [
+        ("setosa", "setosa"), ("virginica", "virginica"), ("virginica", "versicolor")]
+    assert rows[1].probability == [0.1, 0.3, 0.6]
+    # Names passed in win over the metadata.
+    other = predictions_frame(scored, "keras", key="row_id", task="multiclass", classes=["a", "b", "c"])
+    assert classes_of(other) == ["a", "b", "c"]
+
+
+def test_a_regression_table_has_no_probability(spark):
+    scored = spark.createDataFrame([(1, 2.5, 2.0), (2, -1.0, 0.5)], "id long, label double, prediction double")
+    table = predictions_frame(scored, "linreg", key="id", task="regression")
+    assert table.columns == ["id", "label", "prediction", "model"] and task_of(table) == "regression"
+    with pytest.raises(ValueError, match="classes=.* given for a regression model"):
+        predictions_frame(scored, "linreg", key="id", task="regression", classes=["a"])
+
+
+def test_bad_scored_frames_fail_with_the_column_and_the_fix(spark):
+    scored = _scored(spark, [[0.2, 0.3, 0.5]], [1], [2])
+    with pytest.raises(ValueError, match=r"no column 'order_id', needed for a binary predictions table"):
+        predictions_frame(scored, "m", key="order_id", task="binary")
+    with pytest.raises(ValueError, match="a multiclass table needs the class names"):
+        predictions_frame(scored, "m", key="row_id", task="multiclass")
+    with pytest.raises(ValueError, match="task 'ordinal' is not one of"):
+        predictions_frame(scored, "m", key="row_id", task="ordinal")
+    # A 3-class model scored as binary would silently give P(class 1): it fails when read.
+    with pytest.raises(Exception, match=r"model 'm': a probability vector has length 3, expected 2"):
+        predictions_frame(scored, "m", key="row_id", task="binary").collect()
+    with pytest.raises(Exception, match=r"has length 3, expected 4"):
+        predictions_frame(scored, "m", key="row_id", task="multiclass", classes=list("abcd")).collect()
+
+
+# -- the quality gate ---------------------------------------------------------------------
 def test_the_default_gate_passes_any_finite_model():
-    checked = check_gate({"auc": 0.51, "accuracy": 0.5, "rows": 10}, Gate(), LATEST)
+    checked = check_gate({"auc": 0.51, "accuracy": 0.5, "rows": 10}, Gate(), LATEST, "binary")
     assert checked["passed"] and checked["value"] == 0.51 and checked["latest_value"] is None
 
 
 @pytest.mark.parametrize("metrics", [{"auc": float("nan"), "rows": 10}, {"auc": 0.7, "accuracy": float("inf")}])
 def test_non_finite_held_out_metrics_fail(metrics):
     with pytest.raises(QualityGateError, match="not finite; not promoted"):
-        check_gate(metrics, Gate(), None)
+        check_gate(metrics, Gate(), None, "binary")
 
 
 def test_a_minimum_held_out_metric_names_the_key():
     with pytest.raises(QualityGateError, match=r"held-out accuracy 0.6000 is below gate.min_value 0.65"):
-        check_gate({"auc": 0.9, "accuracy": 0.6}, Gate(metric="accuracy", min_value=0.65), None)
-    assert check_gate({"auc": 0.9, "accuracy": 0.66}, Gate(metric="accuracy", min_value=0.65), None)["passed"]
+        check_gate({"auc": 0.9, "accuracy": 0.6}, Gate(metric="accuracy", min_value=0.65), None, "binary")
+    assert check_gate({"auc": 0.9, "accuracy": 0.66}, Gate(metric="accuracy", min_value=0.65), None, "binary")["passed"]
 
 
 def test_no_regression_beyond_the_margin_against_the_latest_model():
     gate = Gate(against_latest=True, max_regression=0.02)
-    assert check_gate({"auc": 0.685}, gate, LATEST)["latest_value"] == 0.70  # within the margin
+    assert check_gate({"auc": 0.685}, gate, LATEST, "binary")["latest_value"] == 0.70  # within the margin
     with pytest.raises(QualityGateError, match=r"auc 0.6700 is more than gate.max_regression 0.02 below "
                                                r"0.7000, the latest promoted model's \(run good\)"):
-        check_gate({"auc": 0.67}, gate, LATEST)
-    assert check_gate({"auc": 0.5}, gate, None)["passed"]  # nothing promoted yet: nothing to regress from
-    assert check_gate({"auc": 0.5}, Gate(), LATEST)["passed"]  # off by default
+        check_gate({"auc": 0.67}, gate, LATEST, "binary")
+    assert check_gate({"auc": 0.5}, gate, None, "binary")["passed"]  # nothing promoted yet: nothing to regress from
+    assert check_gate({"auc": 0.5}, Gate(), LATEST, "binary")["passed"]  # off by default
+
+
+@pytest.mark.parametrize("task, metrics, expected", [
+    ("binary", {"auc": 0.8, "accuracy": 0.7}, "auc"),
+    ("multiclass", {"accuracy": 0.6, "macro_f1": 0.5, "confusion_matrix": [[1, 0], [0, 1]],
+                    "per_class_recall": {"a": 1.0}}, "accuracy"),
+    ("regression", {"rmse": 3.0, "mae": 2.0, "r2": 0.4}, "r2"),
+])
+def test_an_empty_gate_metric_is_the_task_default(task, metrics, expected):
+    checked = check_gate(metrics, Gate(metric=""), None, task)
+    assert checked["metric"] == expected == tasks.DEFAULT_GATE_METRIC[task]
+    assert checked["value"] == metrics[expected] and checked["higher_is_better"]
+
+
+def test_lower_is_better_metrics_flip_the_bound_and_the_regression():
+    m = {"rmse": 3.0, "mae": 2.0, "r2": 0.4}
+    with pytest.raises(QualityGateError, match=r"held-out rmse 3.0000 is above gate.min_value 2.5 "
+                                               r"\(a maximum: lower rmse is better\)"):
+        check_gate(m, Gate(metric="rmse", min_value=2.5), None, "regression")
+    assert check_gate(m, Gate(metric="rmse", min_value=3.5), None, "regression")["higher_is_better"] is False
+    assert check_gate(m, Gate(metric="rmse"), None, "regression")["passed"]  # min_value 0: off
+    latest = {"run_id": "good", "metrics": {"rmse": 2.9, "task": "regression"}}
+    gate = Gate(metric="rmse", against_latest=True, max_regression=0.2)
+    assert check_gate(m, gate, latest, "regression")["latest_value"] == 2.9  # 3.0 <= 2.9 + 0.2
+    with pytest.raises(QualityGateError, match=r"rmse 3.0000 is more than gate.max_regression 0.05 above 2.9000"):
+        check_gate(m, dataclasses.replace(gate, max_regression=0.05), latest, "regression")
+    # A better (lower) log loss never counts as a regression.
+    assert check_gate({"log_loss": 0.2}, Gate(metric="log_loss", against_latest=True),
+                      {"run_id": "good", "metrics": {"log_loss": 0.5}}, "binary")["passed"]
+
+
+def test_a_latest_model_of_another_task_is_not_compared():
+    latest = {"run_id": "old", "metrics": {"accuracy": 0.95, "task": "binary"}}
+    gate = Gate(metric="accuracy", against_latest=True)
+    assert check_gate({"accuracy": 0.5}, gate, latest, "multiclass")["latest_value"] is None
+    with pytest.raises(QualityGateError, match="more than gate.max_regression"):
+        check_gate({"accuracy": 0.5}, gate, latest, "binary")
+
+
+def test_a_metric_the_task_lacks_is_named_with_the_tasks_metrics():
+    with pytest.raises(ValueError, match=r"gate.metric 'auc' does not exist for a regression model; use one of "
+                                         r"\['rmse', 'mae', 'r2'\]"):
+        check_gate({"rmse": 1.0}, Gate(metric="auc"), None, "regression")
+    with pytest.raises(ValueError, match=r"'r2' does not exist for a multiclass model.*'macro_f1'"):
+        check_gate({"accuracy": 1.0}, Gate(metric="r2"), None, "multiclass")
 
 
 def test_non_finite_weights_or_final_metrics_fail_naming_them():

@@ -1,0 +1,330 @@
+"""A dataset spec: which table, which rows, which columns, which task.
+
+One YAML file per data set, ``conf/datasets/<name>.yaml`` (or any path), chosen with
+``--dataset NAME|PATH`` (the config key ``data.dataset``); ``--set dataset.label.threshold=30``
+overrides one key of it. Every step below the spec receives it; nothing there names a
+data set. Keys::
+
+    name: diamonds                 # letters, digits, _ ; names the Delta tables
+    source:
+      format: csv                  # delta | parquet | csv | json | table | builtin
+      path: /data/diamonds.csv     # delta/parquet/csv/json (a folder or file, any Hadoop URI)
+      table: ""                    # format: table - a catalog table name
+      loader: ""                   # format: builtin - "sparkdeep.<module>:<function>(spark)"
+      options: {header: "true"}    # reader options
+      version: null                # delta: pin this table version
+    schema: "carat DOUBLE, cut STRING, price INT"   # DDL; required for csv/json, checked otherwise
+    key: ""                        # a unique row id column; "" = row_id derived from the row
+    label:
+      column: price
+      task: regression             # binary | multiclass | regression
+      positive: []                 # binary: the value(s) that are class 1
+      threshold: null              # binary: a number; column >= threshold is class 1
+      classes: []                  # multiclass: a fixed class order (default: sorted values)
+    features:
+      categorical: null            # null = every string/boolean column (inferred)
+      numeric: null                # null = every numeric column (inferred)
+      exclude: []                  # leaking or useless columns, never features
+      max_categories: 1000         # inferred string columns with more distinct values are left out
+    filter: ""                     # a SQL condition; rows failing it are counted, not ingested
+
+Errors are :class:`~sparkdeep.config.ConfigError` naming the key and the file. The spec is
+checked again against the real source at ingest (see ``pipelines/ingest.py``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from sparkdeep import tasks
+from sparkdeep.config import ConfigError, _yaml
+
+FORMATS = ("delta", "parquet", "csv", "json", "table", "builtin")
+TEXT_FORMATS = ("csv", "json")
+
+#: The key column's name when the spec has no key: a stable id derived from the row.
+DERIVED_KEY = "row_id"
+#: The label column every table below ingest holds (0/1, class index or target value).
+LABEL = "label"
+#: Columns the pipeline creates; a source column may not take these names.
+RESERVED = ("label", "features", "sample_weight", "prediction", "probability", "rawPrediction",
+            "assembled", "varying", "informative", "selected", "reason", "raw_record", "_corrupt_record")
+#: Builtin loaders must live in this package: a spec names code only the project ships.
+BUILTIN_PREFIX = "sparkdeep."
+
+
+class SpecError(ConfigError):
+    """A dataset spec is invalid; the message names the key and the file."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    format: str
+    path: str = ""
+    table: str = ""
+    loader: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    column: str
+    task: str
+    positive: tuple[str, ...] = ()
+    threshold: float | None = None
+    classes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    categorical: tuple[str, ...] | None = None
+    numeric: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    max_categories: int = 1000
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    source: SourceSpec
+    label: LabelSpec
+    schema: str = ""
+    key: str = ""
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    filter: str = ""
+    file: str = ""  # where the spec was read from, for messages
+
+    @property
+    def task(self) -> str:
+        return self.label.task
+
+    @property
+    def key_column(self) -> str:
+        return self.key or DERIVED_KEY
+
+    @property
+    def table(self) -> str:
+        """The Delta table of usable rows (under ``<output>/tables``)."""
+        return self.name
+
+    @property
+    def rejected_table(self) -> str:
+        return f"{self.name}_rejected"
+
+    def declared_columns(self) -> list[str]:
+        """Source columns the spec names explicitly (all must exist at ingest)."""
+        cols = [self.label.column] + ([self.key] if self.key else [])
+        cols += list(self.features.categorical or ()) + list(self.features.numeric or ())
+        return list(dict.fromkeys(cols))
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["source"]["options"] = dict(self.source.options)
+        return out
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+def spec_path(ref: str, conf_dir: str | Path) -> Path:
+    """``ref`` is a file path (it has a ``/`` or ends in .yaml/.yml) or a name under
+    ``<conf_dir>/datasets/``."""
+    if "/" in ref or ref.endswith((".yaml", ".yml")):
+        return Path(ref)
+    if not re.fullmatch(r"[A-Za-z0-9_]+", ref):
+        raise SpecError(f"data.dataset {ref!r} is neither a spec name (letters, digits, _) nor a .yaml path")
+    return Path(conf_dir) / "datasets" / f"{ref}.yaml"
+
+
+def available(conf_dir: str | Path) -> list[str]:
+    return sorted(p.stem for p in (Path(conf_dir) / "datasets").glob("*.yaml"))
+
+
+def load_spec(ref: str, conf_dir: str | Path = "conf", overrides: dict[str, Any] | None = None) -> DatasetSpec:
+    """Read, override and validate the spec ``ref``; errors name the key and the file."""
+    path = spec_path(ref, conf_dir)
+    if not path.is_file():
+        known = available(conf_dir)
+        raise SpecError(f"dataset spec {str(path)!r} does not exist (data.dataset={ref!r}; specs in "
+                        f"{Path(conf_dir) / 'datasets'}: {', '.join(known) or 'none'})")
+    try:
+        tree = _yaml(path.read_text()) or {}
+    except ConfigError as exc:
+        raise SpecError(f"dataset spec {str(path)!r}, {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - YAML syntax errors carry the line
+        raise SpecError(f"dataset spec {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(tree, Mapping):
+        raise SpecError(f"dataset spec {str(path)!r} must hold a mapping at the top")
+    tree = _plain(tree)
+    for key, value in (overrides or {}).items():
+        cursor = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = cursor.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise SpecError(f"--set dataset.{key}: dataset.{'.'.join(parts[:-1])} is not a mapping "
+                                f"in {str(path)!r}")
+            cursor = nxt
+        cursor[parts[-1]] = value
+    spec = _build(DatasetSpec, tree, "", str(path))
+    spec = dataclasses.replace(spec, file=str(path))
+    validate(spec)
+    return spec
+
+
+def _plain(value):
+    return {str(k): _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
+
+
+def _build(cls: type, tree: Mapping, prefix: str, file: str):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "file"}
+    kwargs = {}
+    for key, value in tree.items():
+        dotted = prefix + key
+        if key not in fields:
+            raise SpecError(f"unknown key {dotted!r} in dataset spec {file!r} (known here: "
+                            f"{', '.join(sorted(fields))})")
+        kwargs[key] = _coerce(value, hints[key], dotted, file)
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SpecError(f"dataset spec {file!r} lacks the required key {prefix + missing[0]!r}")
+    return cls(**kwargs)
+
+
+def _coerce(value, tp, key: str, file: str):
+    where = f"key {key!r} in dataset spec {file!r}"
+    args = typing.get_args(tp)
+    if type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        tp = next(a for a in args if a is not type(None))
+        args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {value!r}")
+        return _build(tp, value, key + ".", file)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if value is None:
+            return ""
+        raise SpecError(f"{where}: expected a string, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise SpecError(f"{where}: expected a whole number, got {value!r}")
+    if tp is float:
+        import math
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise SpecError(f"{where}: expected a finite number, got {value!r}")
+    if typing.get_origin(tp) is tuple:
+        if value is None:
+            value = []
+        if isinstance(value, (str, int, float, bool)):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"{where}: expected a list, got {value!r}")
+        # Values (class names, positive labels) are compared as text; YAML's true/1 become "true"/"1".
+        out = []
+        for i, v in enumerate(value):
+            if isinstance(v, (Mapping, list, tuple)) or v is None:
+                raise SpecError(f"{where}[{i}]: expected a plain value, got {v!r}")
+            out.append(str(v).lower() if isinstance(v, bool) else str(v))
+        return tuple(out)
+    if typing.get_origin(tp) in (Mapping, dict) or tp is Mapping or _is_mapping(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {value!r}")
+        return types.MappingProxyType({str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                                       for k, v in value.items()})
+    raise SpecError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
+
+
+def _is_mapping(tp) -> bool:
+    import collections.abc
+    return typing.get_origin(tp) is collections.abc.Mapping
+
+
+def validate(spec: DatasetSpec) -> None:
+    """Checks that need no data; each error names the key and the file."""
+    f = spec.file
+
+    def bad(key: str, why: str):
+        raise SpecError(f"dataset spec {f!r}, key {key!r}: {why}")
+
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", spec.name):
+        bad("name", f"{spec.name!r} must start with a letter and hold only letters, digits and _ "
+                    "(it names the Delta tables)")
+    s = spec.source
+    if s.format not in FORMATS:
+        bad("source.format", f"{s.format!r} is not one of {', '.join(FORMATS)}")
+    if s.format in ("delta", "parquet", "csv", "json") and not s.path:
+        bad("source.path", f"format {s.format!r} needs a path")
+    if s.format == "table" and not s.table:
+        bad("source.table", "format 'table' needs a catalog table name")
+    if s.format == "builtin":
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", s.loader or ""):
+            bad("source.loader", f"{s.loader!r} must look like 'module:function'")
+        if not s.loader.startswith(BUILTIN_PREFIX):
+            bad("source.loader", f"{s.loader!r}: builtin loaders are the project's own "
+                                 f"({BUILTIN_PREFIX}...); read your data with format csv, json, parquet, "
+                                 "delta or table instead")
+    elif s.loader:
+        bad("source.loader", f"only format 'builtin' takes a loader (format is {s.format!r})")
+    if s.version is not None and (s.format != "delta" or s.version < 0):
+        bad("source.version", "a pinned version is for format 'delta' only, and is >= 0")
+    if s.format in TEXT_FORMATS and not spec.schema.strip():
+        bad("schema", f"format {s.format!r} needs a DDL schema (e.g. \"id BIGINT, price DOUBLE, cut STRING\"): "
+                      "text has no types of its own")
+    lab = spec.label
+    if lab.task not in tasks.TASKS:
+        bad("label.task", f"{lab.task!r} is not one of {', '.join(tasks.TASKS)}")
+    if not lab.column:
+        bad("label.column", "names the label column; it may not be empty")
+    if lab.task == "binary" and lab.positive and lab.threshold is not None:
+        bad("label", "give positive or threshold for a binary label, not both")
+    if lab.task != "binary" and (lab.positive or lab.threshold is not None):
+        bad("label.positive" if lab.positive else "label.threshold", f"is for task 'binary', not {lab.task!r}")
+    if lab.task != "multiclass" and lab.classes:
+        bad("label.classes", f"is for task 'multiclass', not {lab.task!r}")
+    if len(set(lab.classes)) != len(lab.classes):
+        bad("label.classes", f"names a class twice: {list(lab.classes)}")
+    if lab.task == "multiclass" and len(lab.classes) == 1:
+        bad("label.classes", "a multiclass label needs at least 2 classes")
+    feats = spec.features
+    if feats.max_categories < 2:
+        bad("features.max_categories", f"must be >= 2, got {feats.max_categories}")
+    cat, num = list(feats.categorical or ()), list(feats.numeric or ())
+    for key, cols in (("features.categorical", cat), ("features.numeric", num), ("features.exclude",
+                                                                                  list(feats.exclude))):
+        dup = sorted({c for c in cols if cols.count(c) > 1})
+        if dup:
+            bad(key, f"lists {dup} twice")
+        for c in cols:
+            if c in (lab.column, spec.key):
+                bad(key, f"lists {c!r}, which is the {'label' if c == lab.column else 'key'} column")
+            if c in RESERVED or c.endswith(("__idx", "__ohe", "__imp")):
+                bad(key, f"column {c!r} has a name the pipeline uses itself; rename it in the source or a view")
+    both = sorted(set(cat) & set(num))
+    if both:
+        bad("features", f"{both} are both categorical and numeric")
+    excluded_declared = sorted(set(feats.exclude) & (set(cat) | set(num)))
+    if excluded_declared:
+        bad("features.exclude", f"{excluded_declared} are declared features too")
+    if spec.key in RESERVED and spec.key != "":
+        bad("key", f"{spec.key!r} is a name the pipeline uses itself")
+    if spec.key == lab.column:
+        bad("key", "the key column cannot be the label column")
+
+
+__all__ = ["DatasetSpec", "SourceSpec", "LabelSpec", "FeatureSpec", "SpecError", "load_spec", "spec_path",
+           "available", "validate", "DERIVED_KEY", "LABEL", "FORMATS"]
