@@ -2,6 +2,10 @@
 PY      := .venv/bin/python
 ARGS    ?=
 STEPS   := ingest prepare train score evaluate
+# DATASET=<spec name or path> runs another data set (conf/datasets/), in output/<name> unless ARGS says otherwise.
+ifdef DATASET
+DATA_ARGS := --dataset $(DATASET) --output-dir output/$(notdir $(basename $(DATASET)))
+endif
 # One run id for the five step processes of `make run`; pass RUN_ID=... to resume a run.
 ifndef RUN_ID
 RUN_ID := make-$(shell date -u +%Y%m%dT%H%M%SZ)
@@ -16,7 +20,7 @@ setup:
 run: setup
 	@start=$$(date +%s); \
 	for step in $(STEPS); do \
-	  $(PY) -m sparkdeep.jobs.$$step --run-id $(RUN_ID) $(ARGS) || exit $$?; \
+	  $(PY) -m sparkdeep.jobs.$$step --run-id $(RUN_ID) $(DATA_ARGS) $(ARGS) || exit $$?; \
 	done; \
 	echo "[run] run $(RUN_ID): all steps done in $$(( $$(date +%s) - start ))s; tables, models, reports and runs/$(RUN_ID)/manifest.json under the output folder (default ./output)"
 
@@ -27,7 +31,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 pipeline: setup
-	$(PY) -m sparkdeep.jobs.pipeline --run-id $(RUN_ID) $(ARGS)
+	$(PY) -m sparkdeep.jobs.pipeline --run-id $(RUN_ID) $(DATA_ARGS) $(ARGS)
 
 # The code for a cluster: a wheel and the same files as a --py-files zip (scripts/submit.sh uses it).
 dist: setup

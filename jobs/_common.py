@@ -29,6 +29,9 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
                    help="config folder holding base/ and the overlays (default: %(default)s)")
     p.add_argument("--env", default=None,
                    help="overlay folder under --conf-dir applied over base/ (e.g. local, ci, cluster)")
+    p.add_argument("--dataset", default=None, metavar="NAME|PATH",
+                   help="the dataset spec: a name under <conf-dir>/datasets/ (e.g. nycflights13, diamonds_cut, "
+                        "diamonds_price) or a path to a spec .yaml (default: config data.dataset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set train.epochs=3 (repeatable)")
     p.add_argument("--output-dir", default=None,
@@ -55,6 +58,8 @@ Delta table of runs at <output>/tables/runs."""
 
 def load(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
+    if getattr(args, "dataset", None):
+        overrides.insert(0, f"data.dataset={args.dataset}")
     if args.output_dir is not None:  # "" too: config refuses an empty output folder
         overrides.append(f"output_dir={args.output_dir}")
     return load_config(args.conf_dir, env=args.env, overrides=overrides)

@@ -17,6 +17,13 @@ from sparkdeep.jobs._common import main_for
 
 
 def step(spark, cfg, paths, run) -> dict:
+    # Spark parses only the CSV columns a query needs, and then sees fewer malformed lines:
+    # every pass here must judge a line the same way, so pruning is off while ingesting.
+    with ing.whole_csv_lines(spark):
+        return _step(spark, cfg, paths, run)
+
+
+def _step(spark, cfg, paths, run) -> dict:
     spec = cfg.dataset
     ing.claim_output(paths, spec)
     record = ing.schema_record_path(paths.table(""), spec)

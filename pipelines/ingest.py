@@ -16,6 +16,7 @@ before anything is written, naming the column; a new source column is listed and
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -137,6 +138,22 @@ def _read_text(spark: SparkSession, spec: DatasetSpec, ddl: T.StructType, where:
     df = spark.read.format(s.format).schema(schema).options(**opts).load(s.path)
     df = df.select(*[F.col(f"`{f.name}`") for f in ddl.fields], CORRUPT)
     return Source(df, ddl, f"the spec's schema ({spec.file})", new, None, {})
+
+
+@contextlib.contextmanager
+def whole_csv_lines(spark: SparkSession):
+    """Turn off CSV column pruning for the block (restored after): a malformed line is
+    malformed in every pass, whichever columns the pass reads."""
+    key = "spark.sql.csv.parser.columnPruning.enabled"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 # -- features --------------------------------------------------------------------------------

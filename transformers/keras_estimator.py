@@ -342,6 +342,10 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             args = self.getModelArgs()
             if task == "multiclass" and not self.getModelBuilder() and "num_classes" not in args:
                 args["num_classes"] = max(2, int(labels["max"]) + 1)
+            if task == "regression" and not self.getModelBuilder() and "target_mean" not in args:
+                # Learn a standardised target; the network's last layer maps it back to units.
+                args["target_mean"] = float(labels.get("mean") or 0.0)
+                args["target_scale"] = float(labels.get("std") or 0.0) or 1.0
             net = _resolve_builder(self._builder_name())(input_dim, **args)
             data = None
         units, activation = network_output(net)
@@ -533,12 +537,13 @@ def check_training_rows(staged: DataFrame, fcol: str, wcol: str | None) -> dict:
             count(f.isNotNull() & F.exists(f, lambda x: F.isnan(x) | (F.abs(x) == inf))).alias("nonfinite_features"),
             count(~finite(F.col("label"))).alias("bad_label"),
             F.min(F.when(finite(y), y)).alias("min"), F.max(F.when(finite(y), y)).alias("max"),
+            F.avg(F.when(finite(y), y)).alias("mean"), F.stddev_pop(F.when(finite(y), y)).alias("std"),
             count(finite(y) & (y != F.floor(y))).alias("fractional")]
     if wcol:
         w = F.col("weight")
         aggs.append(count(~finite(w) | (w < 0)).alias("bad_weight"))
     row = staged.agg(*aggs).first().asDict()
-    row = {k: (v or 0) if k not in ("min", "max") else v for k, v in row.items()}
+    row = {k: (v or 0) if k not in ("min", "max", "mean", "std") else v for k, v in row.items()}
     row.setdefault("bad_weight", 0)
     if row["rows"] == 0:
         raise ValueError("KerasHorovodEstimator: the training input has no rows")

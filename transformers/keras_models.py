@@ -31,10 +31,25 @@ def mlp_classifier(input_dim: int, num_classes: int, hidden_units=(64, 32), drop
     return _mlp(input_dim, hidden_units, dropout, num_classes, "softmax", "mlp_classifier")
 
 
-def mlp_regressor(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1):
+def mlp_regressor(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1, target_mean: float = 0.0,
+                  target_scale: float = 1.0):
     """A ReLU MLP ending in one linear unit: the predicted target, in its own units
-    (train with ``loss='mse'``, ``'mae'`` or ``'huber'``)."""
-    return _mlp(input_dim, hidden_units, dropout, 1, "linear", "mlp_regressor")
+    (train with ``loss='mse'``, ``'mae'`` or ``'huber'``).
+
+    ``target_mean``/``target_scale`` (the estimator passes the training labels' mean and
+    standard deviation) end the network in ``y = z * scale + mean``: the layers learn a
+    standardised target, which a target in the thousands needs to train at the usual
+    learning rates, and the prediction comes out in the target's units.
+    """
+    import keras
+    net = _mlp(input_dim, hidden_units, dropout, 1, "linear", "mlp_regressor")
+    if target_mean == 0.0 and target_scale == 1.0:
+        return net
+    if not target_scale > 0:
+        raise ValueError(f"target_scale must be > 0, got {target_scale}")
+    out = keras.layers.Rescaling(scale=float(target_scale), offset=float(target_mean), name="target_units")(
+        net.outputs[0])
+    return keras.Model(net.inputs, out, name="mlp_regressor")
 
 
 # The builder the estimator uses for each task when none is named.

@@ -1,0 +1,273 @@
+"""Dataset specs and the generic ingest: any source, counted rows, drift stops the step.
+
+Small generated tables written as CSV (with malformed lines and unparseable values),
+Parquet and Delta; each test runs the real ingest step in the shared Spark session.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from sparkdeep import delta_io
+from sparkdeep.config import ConfigError, load_config
+from sparkdeep.dataset import SpecError, load_spec
+from sparkdeep.jobs import ingest
+from sparkdeep.jobs._common import run_step
+from sparkdeep.paths import Paths
+from sparkdeep.pipelines.ingest import SourceError, classes_of
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONF = os.path.join(REPO, "conf")
+
+
+def table(n: int = 300, seed: int = 0):
+    """A pandas frame: two numeric features, a colour, a whole-number count, and three labels."""
+    import pandas as pd
+    rng = np.random.default_rng(seed)
+    x1, x2 = rng.normal(size=n), rng.normal(size=n)
+    colour = rng.choice(["red", "green", "blue"], size=n)
+    z = 1.5 * x1 - x2 + (colour == "red") + rng.normal(scale=0.3, size=n)
+    return pd.DataFrame({
+        "id": np.arange(n, dtype="int64"), "x1": x1, "x2": x2, "colour": colour,
+        "count": rng.integers(0, 50, size=n).astype("int64"),
+        "churned": np.where(z > 0, "yes", "no"),
+        "band": np.array(["low", "mid", "high"])[np.digitize(z, [-1.0, 1.0])],
+        "amount": 100 + 20 * z,
+    })
+
+
+def write_spec(tmp_path, name: str, body: dict) -> str:
+    import yaml
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, **body}, sort_keys=False))
+    return str(path)
+
+
+def config(spec: str, out, *extra: str):
+    return load_config(CONF, env="ci", overrides=[f"data.dataset={spec}", "data.sample_fraction=1.0",
+                                                   f"output_dir={out}", "tracking.enabled=false", *extra])
+
+
+def run_ingest(spark, cfg):
+    return run_step("ingest", ingest.step, spark, cfg, Paths.under(cfg.output_dir))
+
+
+SCHEMA = "id BIGINT, x1 DOUBLE, x2 DOUBLE, colour STRING, count INT, churned STRING, band STRING, amount DOUBLE"
+
+
+# -- the spec alone ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, match", [
+    ({"source": {"format": "csv", "path": "x.csv"}, "label": {"column": "y", "task": "binary"}},
+     r"key 'schema': format 'csv' needs a DDL schema"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "ordinal"}},
+     r"key 'label.task': 'ordinal' is not one of binary, multiclass, regression"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "binary", "threshold": 1,
+                                                              "positive": ["a"]}},
+     r"key 'label': give positive or threshold"),
+    ({"source": {"format": "builtin", "loader": "os:system"}, "label": {"column": "y", "task": "binary"}},
+     r"key 'source.loader': 'os:system': builtin loaders are the project's own"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
+      "features": {"numeric": ["a"], "exclude": ["a"]}}, r"key 'features.exclude': \['a'\] are declared"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
+      "features": {"numeric": ["features"]}}, r"column 'features' has a name the pipeline uses itself"),
+    ({"source": {"format": "parquet", "path": "p", "version": 3}, "label": {"column": "y", "task": "regression"}},
+     r"key 'source.version': a pinned version is for format 'delta' only"),
+])
+def test_a_bad_spec_names_the_key_and_the_file(tmp_path, body, match):
+    path = write_spec(tmp_path, "bad", body)
+    with pytest.raises(SpecError, match=match) as err:
+        load_spec(path)
+    assert path in str(err.value)
+
+
+def test_an_unknown_key_is_named_and_dataset_overrides_apply(tmp_path):
+    path = write_spec(tmp_path, "d", {"source": {"format": "parquet", "path": "p"}, "lable": {}})
+    with pytest.raises(SpecError, match=rf"unknown key 'lable' in dataset spec '{path}'"):
+        load_spec(path)
+    cfg = load_config(CONF, overrides=["dataset.label.threshold=30"])
+    assert cfg.dataset.label.threshold == 30.0 and cfg.dataset.task == "binary"
+    with pytest.raises(ConfigError, match="unknown key 'label.treshold'"):
+        load_config(CONF, overrides=["dataset.label.treshold=30"])
+    with pytest.raises(ConfigError, match="'train.metrics'.*regression metric names"):
+        load_config(CONF, overrides=["data.dataset=diamonds_price", "train.metrics=[auc]"])
+
+
+def test_every_shipped_spec_loads():
+    for name in ("nycflights13", "diamonds_cut", "diamonds_price"):
+        spec = load_config(CONF, overrides=[f"data.dataset={name}"]).dataset
+        assert spec.file.endswith(f"{name}.yaml")
+    assert {load_spec(n, CONF).task for n in ("nycflights13", "diamonds_cut", "diamonds_price")} == {
+        "binary", "multiclass", "regression"}
+
+
+# -- CSV: malformed lines and unparseable values are rejected with the raw line --------------------
+
+def test_csv_rows_reconcile_and_bad_lines_keep_their_text(spark, tmp_path):
+    pdf = table(200)
+    path = tmp_path / "data.csv"
+    pdf.to_csv(path, index=False)
+    bad = ["9001,0.5,oops,red,3,yes,low,101.0",          # x2 does not parse as DOUBLE
+           "9002,0.5,0.1,red",                            # too few fields
+           "9003,0.5,0.1,blue,3,yes,low,101.0,surplus",   # too many fields
+           "9004,0.5,0.1,blue,3,,low,101.0",              # no label
+           "9005,NaN,0.1,blue,3,no,low,99.0"]             # a non-finite feature
+    with open(path, "a") as fh:
+        fh.write("\n".join(bad) + "\n")
+    spec = write_spec(tmp_path, "churn", {
+        "source": {"format": "csv", "path": str(path)}, "schema": SCHEMA, "key": "id",
+        "label": {"column": "churned", "task": "binary", "positive": ["yes"]},
+        "features": {"exclude": ["band", "amount"]}})
+    report = run_ingest(spark, config(spec, tmp_path / "out"))
+    assert report["rows_in"] == 205
+    assert report["rows_usable"] == 200 and report["rows_rejected"] == 5 and report["accounted"]
+    assert report["features"]["categorical"] == ["colour"]
+    assert report["features"]["numeric"] == ["x1", "x2", "count"]
+    paths = Paths.under(str(tmp_path / "out"))
+    rejected = {r["id"]: r for r in delta_io.read(spark, paths.table("churn_rejected")).collect()}
+    assert rejected["9001"]["raw_record"] == bad[0] and "does not parse" in rejected["9001"]["reason"]
+    assert rejected["9002"]["raw_record"] == bad[1]
+    assert rejected["9003"]["raw_record"] == bad[2]
+    assert rejected["9004"]["reason"] == "label 'churned' is null"
+    assert rejected["9005"]["reason"] == "numeric feature 'x1' is NaN or infinite"
+    usable = delta_io.read(spark, paths.table("churn"))
+    assert usable.columns == ["id", "colour", "x1", "x2", "count", "label"]
+    want = int((pdf["churned"] == "yes").sum())
+    assert usable.agg(F.sum("label")).first()[0] == want == report["positives"]
+
+
+def test_a_csv_header_in_another_order_is_read_by_name_and_new_columns_listed(spark, tmp_path):
+    pdf = table(60)
+    pdf["extra"] = "e"
+    path = tmp_path / "data.csv"
+    pdf[["amount", "extra", "colour", "id", "x2", "x1", "count", "churned", "band"]].to_csv(path, index=False)
+    spec = write_spec(tmp_path, "t", {
+        "source": {"format": "csv", "path": str(path)}, "schema": SCHEMA, "key": "id",
+        "label": {"column": "amount", "task": "regression"}, "features": {"exclude": ["churned", "band"]}})
+    report = run_ingest(spark, config(spec, tmp_path / "out"))
+    assert report["new_columns_ignored"] == ["extra"] and report["rows_usable"] == 60
+    got = delta_io.read(spark, Paths.under(str(tmp_path / "out")).table("t")).orderBy("id").toPandas()
+    np.testing.assert_allclose(got["label"], pdf["amount"])
+    np.testing.assert_allclose(got["x1"], pdf["x1"])
+
+
+# -- Parquet: inferred features, string classes, drift -------------------------------------------
+
+def test_parquet_multiclass_classes_are_kept_in_order(spark, tmp_path):
+    pdf = table(150)
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    spec = write_spec(tmp_path, "bands", {
+        "source": {"format": "parquet", "path": src}, "key": "id",
+        "label": {"column": "band", "task": "multiclass", "classes": ["low", "mid", "high"]},
+        "features": {"exclude": ["churned", "amount"]}})
+    report = run_ingest(spark, config(spec, tmp_path / "out"))
+    assert report["classes"] == ["low", "mid", "high"]
+    assert report["class_counts"] == {c: int((pdf["band"] == c).sum()) for c in ("low", "mid", "high")}
+    usable = delta_io.read(spark, Paths.under(str(tmp_path / "out")).table("bands"))
+    assert classes_of(usable) == ["low", "mid", "high"]
+    got = dict(usable.select("id", "label").collect())
+    assert all(["low", "mid", "high"][int(got[i])] == b for i, b in zip(pdf["id"], pdf["band"]))
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda df: df.drop("x2"), r"column 'x2' \(double, declared in the spec's schema .*\) is missing"),
+    (lambda df: df.withColumn("count", F.col("count").cast("string")),
+     r"column 'count' was int in the spec's schema .* now has it as string"),
+])
+def test_a_missing_or_retyped_column_stops_before_writing(spark, tmp_path, change, match):
+    pdf = table(40)
+    src = str(tmp_path / "src.parquet")
+    change(spark.createDataFrame(pdf).withColumn("count", F.col("count").cast("int"))).write.parquet(src)
+    spec = write_spec(tmp_path, "p", {
+        "source": {"format": "parquet", "path": src}, "schema": SCHEMA, "key": "id",
+        "label": {"column": "amount", "task": "regression"}})
+    out = tmp_path / "out"
+    with pytest.raises(SourceError, match=match):
+        run_ingest(spark, config(spec, out))
+    assert not os.path.exists(out / "tables")
+
+
+# -- Delta: pinned version, drift between runs, derived keys ----------------------------------------
+
+def test_delta_source_version_is_recorded_and_drift_between_runs_is_named(spark, tmp_path):
+    pdf = table(80)
+    src = str(tmp_path / "src_delta")
+    delta_io.write(spark.createDataFrame(pdf), src)
+    spec = write_spec(tmp_path, "d", {
+        "source": {"format": "delta", "path": src}, "key": "",
+        "label": {"column": "amount", "task": "regression"}, "features": {"exclude": ["churned", "band"]}})
+    out = tmp_path / "out"
+    first = run_ingest(spark, config(spec, out))
+    assert first["source"]["version"] == 0 and first["rows_usable"] == 80
+    ids = delta_io.read(spark, Paths.under(str(out)).table("d")).select("row_id").collect()
+    assert len({r[0] for r in ids}) == 80
+
+    # A new column is ignored and listed; the derived ids stay the same.
+    delta_io.write(spark.createDataFrame(pdf).withColumn("note", F.lit("n")), src)
+    second = run_ingest(spark, config(spec, out))
+    assert second["new_columns_ignored"] == ["note"] and second["source"]["version"] == 1
+    again = delta_io.read(spark, Paths.under(str(out)).table("d")).select("row_id").collect()
+    assert {r[0] for r in again} == {r[0] for r in ids}
+
+    # A retyped column that the previous ingest recorded stops the step, naming it.
+    version_before = delta_io.version_of(spark, Paths.under(str(out)).table("d"))
+    delta_io.write(spark.createDataFrame(pdf).withColumn("x1", F.col("x1").cast("string")), src)
+    with pytest.raises(SourceError, match=r"column 'x1' was double in the previous ingest .* now has it as string"):
+        run_ingest(spark, config(spec, out))
+    assert delta_io.version_of(spark, Paths.under(str(out)).table("d")) == version_before
+
+    # Pinning the version reads the old rows, and the run says which.
+    pinned = write_spec(tmp_path, "d", {
+        "source": {"format": "delta", "path": src, "version": 1}, "key": "",
+        "label": {"column": "amount", "task": "regression"}, "features": {"exclude": ["churned", "band"]}})
+    assert run_ingest(spark, config(pinned, out))["source"]["version"] == 1
+
+
+def test_identical_rows_get_distinct_stable_ids(spark, tmp_path):
+    pdf = table(30)
+    dup = pdf.iloc[[0, 0, 0, 5]].copy()
+    import pandas as pd
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pd.concat([pdf, dup])).repartition(3).write.parquet(src)
+    spec = write_spec(tmp_path, "dups", {
+        "source": {"format": "parquet", "path": src},
+        "label": {"column": "churned", "task": "binary", "positive": ["yes"]}})
+    out = tmp_path / "out"
+    report = run_ingest(spark, config(spec, out))
+    ids = [r[0] for r in delta_io.read(spark, Paths.under(str(out)).table("dups")).select("row_id").collect()]
+    assert report["rows_usable"] == 34 and len(set(ids)) == 34
+
+
+def test_a_duplicated_key_and_another_data_set_in_the_output_are_errors(spark, tmp_path):
+    import pandas as pd
+    pdf = table(20)
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pd.concat([pdf, pdf.iloc[[3]]])).write.parquet(src)
+    spec = write_spec(tmp_path, "k", {
+        "source": {"format": "parquet", "path": src}, "key": "id",
+        "label": {"column": "amount", "task": "regression"}})
+    with pytest.raises(SourceError, match=r"key column 'id' is not unique: 1 values occur more than once \(e.g. 3\)"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    ok = write_spec(tmp_path, "k2", {"source": {"format": "parquet", "path": src},
+                                     "label": {"column": "amount", "task": "regression"}})
+    run_ingest(spark, config(ok, tmp_path / "out2"))
+    other = write_spec(tmp_path, "k3", {"source": {"format": "parquet", "path": src},
+                                        "label": {"column": "amount", "task": "regression"}})
+    with pytest.raises(SourceError, match=r"holds data set 'k2'.*needs its own: pass --output-dir"):
+        run_ingest(spark, config(other, tmp_path / "out2"))
+    assert json.load(open(tmp_path / "out2" / "dataset.json"))["name"] == "k2"
+
+
+def test_a_binary_label_without_a_rule_must_be_zero_one(spark, tmp_path):
+    pdf = table(20)
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    spec = write_spec(tmp_path, "b", {"source": {"format": "parquet", "path": src},
+                                      "label": {"column": "churned", "task": "binary"}})
+    with pytest.raises(SourceError, match=r"binary label column 'churned' holds values other than 0/1 .*label.positive"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
