@@ -30,8 +30,8 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--env", default=None,
                    help="overlay folder under --conf-dir applied over base/ (e.g. local, ci, cluster)")
     p.add_argument("--dataset", default=None, metavar="NAME|PATH",
-                   help="the dataset spec: a name under <conf-dir>/datasets/ (e.g. nycflights13, diamonds_cut, "
-                        "diamonds_price) or a path to a spec .yaml (default: config data.dataset)")
+                   help="the dataset spec: a name under <conf-dir>/datasets/ (one per shipped example) or a "
+                        "path to a spec .yaml (default: config data.dataset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set train.epochs=3 (repeatable)")
     p.add_argument("--output-dir", default=None,

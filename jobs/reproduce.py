@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
                         "or output/models/latest.json for the promoted pipeline")
     p.add_argument("--table", default=None,
                    help="which recorded table to re-create (default: the one it was trained on; "
-                        "flights, train and holdout are recorded too)")
+                        "the ingested table (named by the dataset spec), train and holdout are recorded too)")
     p.add_argument("--to", default=None, help="write the re-created table here as Delta (overwrite)")
     p.add_argument("--conf-dir", default=str(default_conf_dir()), help="config folder (for Spark settings)")
     p.add_argument("--env", default=None, help="config overlay (for Spark settings)")

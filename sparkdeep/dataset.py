@@ -5,10 +5,10 @@ One YAML file per data set, ``conf/datasets/<name>.yaml`` (or any path), chosen 
 overrides one key of it. Every step below the spec receives it; nothing there names a
 data set. Keys::
 
-    name: diamonds                 # letters, digits, _ ; names the Delta tables
+    name: gems                     # letters, digits, _ ; names the Delta tables
     source:
       format: csv                  # delta | parquet | csv | json | table | builtin
-      path: /data/diamonds.csv     # delta/parquet/csv/json (a folder or file, any Hadoop URI)
+      path: /data/gems.csv     # delta/parquet/csv/json (a folder or file, any Hadoop URI)
       table: ""                    # format: table - a catalog table name
       loader: ""                   # format: builtin - "sparkdeep.<module>:<function>(spark)"
       options: {header: "true"}    # reader options

@@ -35,9 +35,11 @@ def start(master: str | None = "local[2]", env: str | None = None, output_dir: s
 
 def show(fig) -> None:
     """Display a matplotlib figure as a PNG in the notebook (no pyplot backend needed)."""
+    import io
     from IPython.display import Image, display
-    from sparkdeep.pipelines.report import png_bytes
-    display(Image(data=png_bytes(fig)))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    display(Image(data=buf.getvalue()))
 
 
 def setting(name: str, default: str) -> str:
