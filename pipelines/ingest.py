@@ -383,7 +383,9 @@ def check_key_unique(usable: DataFrame, key: str, spec: DatasetSpec) -> None:
 
 
 def ingest_report(rows_in: int, classified_counts: dict, usable: DataFrame, plan: dict) -> dict:
-    """Counts that must reconcile: rows_in = usable + rejected + filtered."""
+    """Counts that must reconcile: rows_in = usable + rejected + filtered. ``classified_counts``
+    maps a reason (None = usable) to its row count; it is not modified."""
+    classified_counts = dict(classified_counts)
     filtered = classified_counts.pop("__filtered__", 0)
     usable_rows = classified_counts.pop(None, 0)
     rejected = sum(classified_counts.values())

@@ -230,7 +230,7 @@ def test_a_model_failing_the_quality_gate_fails_the_step_and_leaves_latest_alone
                     step.save_model(_model(0.1), model)
                 run.finish(step, {"wall_s": 0.1})
             step = run.start("evaluate")
-            check_gate({"auc": float("nan"), "rows": 3}, cfg.gate, read_latest(paths))
+            check_gate({"auc": float("nan"), "rows": 3}, cfg.gate, read_latest(paths), cfg.dataset.task)
             step.promote({"auc": float("nan")}, "predictions")
     m = json.load(open(paths.manifest("nan")))
     assert m["status"] == "failed" and m["steps"]["evaluate"]["status"] == "failed"

@@ -38,8 +38,10 @@ def test_slice_end_to_end_and_reload_in_fresh_process(spark, repo_root, tmp_path
     train_run = StepRun.adhoc(paths, "train")
     keras_pipeline, baseline_pipeline, report = train.fit_models(spark, cfg, paths, train_run)
     holdout = delta_io.read(spark, paths.table("holdout"))
-    before = {r["flight_id"]: (r["p_delayed"], r["prediction"])
-              for r in predictions_frame(keras_pipeline.transform(holdout), "keras").collect()}
+    spec = cfg.dataset
+    before = {r[spec.key_column]: (r["probability"], r["prediction"])
+              for r in predictions_frame(keras_pipeline.transform(holdout), "keras", key=spec.key_column,
+                                         task=spec.task).collect()}
     train_run.save_model(keras_pipeline, "pipeline")
     train_run.save_model(baseline_pipeline, "baseline")
     train_run.save_report({"step": "train", **report})
@@ -54,7 +56,7 @@ def test_slice_end_to_end_and_reload_in_fresh_process(spark, repo_root, tmp_path
 
     score_out = run_job(repo_root, "score", out_dir)  # a new Python process loads the pipeline
     assert "holdout rows scored" in score_out
-    after = {r["flight_id"]: (r["p_delayed"], r["prediction"])
+    after = {r[spec.key_column]: (r["probability"], r["prediction"])
              for r in delta_io.read(spark, paths.table("predictions")).collect()}
     assert len(after) == holdout.count() == len(before)
     assert after == before  # exactly, not approximately

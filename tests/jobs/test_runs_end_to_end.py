@@ -15,7 +15,7 @@ import pytest
 from pyspark.ml import PipelineModel
 
 from sparkdeep import delta_io, lineage
-from sparkdeep.pipelines.train import logistic_baseline
+from sparkdeep.pipelines.train import baseline
 
 pytestmark = pytest.mark.slow
 
@@ -169,7 +169,7 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
 
     # ... and the deterministic baseline refits to the same coefficients from it.
     again = delta_io.read(spark, str(tmp_path / "again"))
-    refit = logistic_baseline(again)
+    refit = baseline(again, "binary")  # the default spec (nycflights13) is a binary task
     saved = PipelineModel.load(m["models"]["baseline"]).stages[-1]
     np.testing.assert_allclose(refit.coefficients.toArray(), saved.coefficients.toArray(), rtol=1e-6, atol=1e-9)
 

@@ -1,31 +1,48 @@
 import pytest
 from pyspark.ml.linalg import VectorUDT
+from pyspark.sql import functions as F
 
-from sparkdeep.pipelines import flights as fl
+from sparkdeep.dataset import load_spec
+from sparkdeep.pipelines import ingest as ing
 from sparkdeep.pipelines import prepare as prep
+
+KEY = "flight_id"
 
 
 @pytest.fixture(scope="module")
-def sample(spark):
-    raw = fl.load_raw(spark)
-    usable, _, _ = fl.build_flights(raw, 15, sample_fraction=0.02, seed=3)
+def sample(spark, repo_root):
+    """2% of the default spec's usable rows, ingested as the ingest step does."""
+    spec = load_spec("nycflights13", f"{repo_root}/conf")
+    source = ing.read_source(spark, spec, None)
+    categorical, numeric, _ = ing.resolve_features(spec, source)
+    plan = ing.label_plan(spec, source, F.lit(True))
+    classified = ing.classify_rows(spec, source, categorical, numeric, plan, sample_fraction=0.02, seed=3)
+    usable, _ = ing.split_classified(classified, spec.key_column)
+    assert spec.key_column == KEY
     return usable.cache()
 
 
+def pipeline(sample, **kwargs):
+    categorical, numeric = prep.feature_columns(sample, KEY)
+    return prep.build_prepare_pipeline(task="binary", categorical=categorical, numeric=numeric, key=KEY,
+                                       majority_ratio=1.0, selector_top_fraction=0.5, seed=1, **kwargs)
+
+
 def test_split_is_disjoint_complete_and_deterministic(sample):
-    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1)
-    t = {r[0] for r in train.select(fl.KEY).collect()}
-    h = {r[0] for r in holdout.select(fl.KEY).collect()}
+    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
+    t = {r[0] for r in train.select(KEY).collect()}
+    h = {r[0] for r in holdout.select(KEY).collect()}
     assert not t & h and len(t) + len(h) == sample.count()
     assert 0.2 < len(h) / sample.count() < 0.3
-    again = {r[0] for r in prep.split_train_holdout(sample.repartition(5), 0.25, seed=1)[1].select(fl.KEY).collect()}
+    _, again = prep.split_train_holdout(sample.repartition(5), 0.25, seed=1, key=KEY)
+    again = {r[0] for r in again.select(KEY).collect()}
     assert again == h
 
 
 def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
-    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1)
-    model = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=5, seed=1).fit(train)
-    prepared = prep.prepared_training_data(model, train)
+    train, holdout = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
+    model = pipeline(sample, pca_k=5).fit(train)
+    prepared = prep.prepared_training_data(model, train, KEY)
     assert isinstance(prepared.schema[prep.FEATURES].dataType, VectorUDT)
     assert len(prepared.first()[prep.FEATURES]) == 5
     counts = {r["label"]: r["count"] for r in prepared.groupBy("label").count().collect()}
@@ -37,9 +54,8 @@ def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
 
 
 def test_report_names_selected_features_and_pca_variance(sample):
-    train, _ = prep.split_train_holdout(sample, 0.25, seed=1)
-    model = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=0,
-                                        pca_variance_target=0.8, seed=1).fit(train)
+    train, _ = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
+    model = pipeline(sample, pca_k=0, pca_variance_target=0.8).fit(train)
     report = prep.prepare_report(model)
     stages = [s["stage"] for s in report["selection"]]
     assert stages == ["VarianceSelectorModel", "UnivariateSelectorModel", "CorrelationSelectorModel"]
@@ -50,11 +66,9 @@ def test_report_names_selected_features_and_pca_variance(sample):
 
 
 def test_sample_ignores_a_column_added_to_the_source(sample):
-    from pyspark.sql import functions as F
-    train, _ = prep.split_train_holdout(sample, 0.25, seed=1)
-    sampler = prep.build_prepare_pipeline(majority_ratio=1.0, selector_top_fraction=0.5, pca_k=5,
-                                          seed=1).getStages()[0]
-    kept = {r[0] for r in sampler.fit(train).sample(train).select(fl.KEY).collect()}
+    train, _ = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
+    sampler = pipeline(sample, pca_k=5).getStages()[0]
+    kept = {r[0] for r in sampler.fit(train).sample(train).select(KEY).collect()}
     wider = train.withColumn("added_later", F.lit("x"))
-    again = {r[0] for r in sampler.fit(wider).sample(wider).select(fl.KEY).collect()}
+    again = {r[0] for r in sampler.fit(wider).sample(wider).select(KEY).collect()}
     assert kept == again and 0 < len(kept) < train.count()

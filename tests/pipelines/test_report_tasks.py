@@ -141,7 +141,7 @@ def test_the_report_follows_the_task(pages):
         assert re.findall(r"<img alt='([^']*)'", text) == expected_images(task, names), task
         table = text.split("<h2>Metrics</h2>")[1].split("</tr>")[0]
         assert re.findall(r"<th>([^<]*)</th>", table) == ["model"] + headers[task]
-        assert f"task {task}" in text and "http://" not in text and "<script" not in text
+        assert f"task {task}" in text and "http://" not in text and "https://" not in text and "<script" not in text
     assert "3 classes: cat, dog, fox" in pages[1][1]
 
 
