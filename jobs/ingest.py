@@ -20,7 +20,12 @@ def step(spark, cfg, paths, run) -> dict:
     # Spark parses only the CSV columns a query needs, and then sees fewer malformed lines:
     # every pass here must judge a line the same way, so pruning is off while ingesting.
     with ing.whole_csv_lines(spark):
-        return _step(spark, cfg, paths, run)
+        try:
+            return _step(spark, cfg, paths, run)
+        except ing.SourceError as exc:
+            if cfg.dataset.file in str(exc):
+                raise
+            raise ing.SourceError(f"{exc} (dataset spec {cfg.dataset.file})") from None
 
 
 def _step(spark, cfg, paths, run) -> dict:
