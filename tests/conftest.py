@@ -16,6 +16,8 @@ def spark(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("spark")
     conf = SparkConfig(master="local[2]", app_name="sparkdeep-tests", settings={
+        # One JVM serves the whole run; 1g (the default) ran out of heap late in a full run.
+        "spark.driver.memory": "4g",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
