@@ -50,8 +50,9 @@ def _step(spark, cfg, paths, run) -> dict:
     written = delta_io.read(spark, out.path, out.version)
     report = ing.ingest_report(rows_in, dict(counts), written, plan)
     written_rejected = delta_io.read(spark, rej.path, rej.version).count()
-    if report["rows_usable"] != written.count() or report["rows_rejected"] != written_rejected:
-        raise RuntimeError(f"ingest wrote {written.count()} usable and {written_rejected} rejected rows, "
+    written_usable = written.count()
+    if report["rows_usable"] != written_usable or report["rows_rejected"] != written_rejected:
+        raise RuntimeError(f"ingest wrote {written_usable} usable and {written_rejected} rejected rows, "
                            f"but classified {report['rows_usable']} and {report['rows_rejected']}")
     if not report["accounted"]:
         raise RuntimeError(f"ingest lost rows: {report['rows_in']} in, {report['rows_usable']} usable + "

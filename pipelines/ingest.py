@@ -65,6 +65,7 @@ def read_source(spark: SparkSession, spec: DatasetSpec, recorded: T.StructType |
     s = spec.source
     ddl = parse_ddl(spark, spec)
     where = s.path or s.table or s.loader
+    notes: dict = {}
     if s.format in ("csv", "json"):
         return _read_text(spark, spec, ddl, where)
     try:
@@ -105,7 +106,7 @@ def read_source(spark: SparkSession, spec: DatasetSpec, recorded: T.StructType |
     names = {f.name for f in declared.fields}
     new = [c for c in df.columns if c not in names]
     df = df.select(*[F.col(f"`{f.name}`") for f in declared.fields])
-    return Source(df, declared, origin, new, version, notes if s.format == "builtin" else {})
+    return Source(df, declared, origin, new, version, notes)
 
 
 def _read_text(spark: SparkSession, spec: DatasetSpec, ddl: T.StructType, where: str) -> Source:
