@@ -210,17 +210,22 @@ def _ranking(predictions: DataFrame, positives: float, negatives: float) -> tupl
                 .withColumn("b", F.least(F.greatest(F.floor(s * SCORE_BUCKETS), F.lit(0)),
                                          F.lit(SCORE_BUCKETS - 1)).cast("int")))
     totals = by_score.groupBy("b").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect()
-    above, pos_above, neg_above = [], 0.0, 0.0
+    pos_above, neg_above = [0.0] * SCORE_BUCKETS, [0.0] * SCORE_BUCKETS
+    pos_sum = neg_sum = 0.0
     for r in sorted(totals, key=lambda r: -r["b"]):
-        above.append((r["b"], pos_above, neg_above))
-        pos_above, neg_above = pos_above + r["pos"], neg_above + r["neg"]
-    offsets = predictions.sparkSession.createDataFrame(above, "b int, pos_above double, neg_above double")
+        pos_above[r["b"]], neg_above[r["b"]] = pos_sum, neg_sum
+        pos_sum, neg_sum = pos_sum + r["pos"], neg_sum + r["neg"]
     # Scores fall in a bucket in order, so "above a score" is the buckets above plus a
     # running sum within its bucket: a window per bucket, never one over all the rows.
+    # The buckets' offsets are literal arrays, not a join: a join makes the optimizer walk
+    # the whole lineage of the scores (dynamic partition pruning), which exhausted a 6g
+    # driver on a live pipeline-transform frame.
+    offset = {name: F.array(*[F.lit(v) for v in values])[F.col("b")]
+              for name, values in (("pos_above", pos_above), ("neg_above", neg_above))}
     upto = Window.partitionBy("b").orderBy(s.desc()).rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    ranked = (by_score.join(F.broadcast(offsets), "b")
-              .withColumn("tp", F.col("pos_above") + F.sum("pos").over(upto))
-              .withColumn("fp", F.col("neg_above") + F.sum("neg").over(upto)))
+    ranked = (by_score
+              .withColumn("tp", offset["pos_above"] + F.sum("pos").over(upto))
+              .withColumn("fp", offset["neg_above"] + F.sum("neg").over(upto)))
     # AUC: P(score of a positive > score of a negative), ties counting half.
     # AP: sum over thresholds of (recall step) x precision, as scikit-learn's average_precision_score.
     row = ranked.agg(F.sum(F.col("neg") * (F.col("tp") - F.col("pos") / 2)).alias("auc"),
