@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 
 
@@ -30,8 +31,15 @@ def version_of(spark: SparkSession, path: str) -> int:
     from delta.tables import DeltaTable
     if not is_table(spark, path):
         raise FileNotFoundError(f"no Delta table at {path!r}")
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    return int(row["version"])
+    try:
+        # The log's own refresh: a listing of _delta_log, no Spark job (history() runs one,
+        # 0.4 s a call, and a step asks several times). Internal API, hence the fallback.
+        log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        none = spark._jvm.scala.Option.empty()
+        return int(log.update(False, none, none).version())
+    except Py4JError:
+        row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+        return int(row["version"])
 
 
 def write(df: DataFrame, path: str, *, mode: str = "overwrite",

@@ -26,3 +26,15 @@ def test_reading_a_missing_table_names_the_path(spark, tmp_path):
     missing = str(tmp_path / "nothing-here")
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         delta_io.read(spark, missing)
+
+
+def test_version_of_follows_commits_it_did_not_make(spark, tmp_path):
+    from delta.tables import DeltaTable
+    path = str(tmp_path / "v")
+    delta_io.write(spark.range(3), path)
+    assert delta_io.version_of(spark, path) == 0
+    for n in range(2):  # commits made around delta_io, as another process or user would
+        spark.range(n + 1).write.format("delta").mode("append").save(path)
+    DeltaTable.forPath(spark, path).delete("id = 0")
+    history = DeltaTable.forPath(spark, path).history(1).select("version").first()["version"]
+    assert delta_io.version_of(spark, path) == history == 3
