@@ -1,0 +1,81 @@
+"""The full-feature baselines: every training row, every assembled feature, raw rows scored."""
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.ml.classification import LogisticRegressionModel
+
+from sparkdeep.pipelines import baselines as bl
+from sparkdeep.pipelines import prepare as prep
+from sparkdeep.transformers.sampling import ClassBalanceSamplerModel
+
+
+def table(spark, task, n=400, seed=5):
+    rng = np.random.default_rng(seed)
+    x1, x2 = rng.normal(size=n), rng.normal(size=n)
+    colour = rng.choice(["red", "green", "blue"], size=n)
+    score = x1 + (colour == "red") + 0.3 * rng.normal(size=n)
+    if task == "binary":
+        label = (score > 1.2).astype(float)  # about 1 in 4 positive: the sampler would drop rows
+    elif task == "multiclass":
+        label = np.digitize(score, [0.0, 1.0]).astype(float)
+    else:
+        label = 3 * score + 10
+    pdf = pd.DataFrame({"id": np.arange(n), "colour": colour, "x1": x1, "x2": x2, "label": label})
+    return spark.createDataFrame(pdf)
+
+
+def fitted(spark, task, names=None):
+    df = table(spark, task).cache()
+    cat, num = prep.feature_columns(df, "id")
+    model = prep.build_prepare_pipeline(task=task, categorical=cat, numeric=num, key="id", majority_ratio=1.0,
+                                        selector_top_fraction=0.5, pca_k=1, seed=1).fit(df)
+    return df, model, bl.fit_baselines(df, model, task, seed=1, names=names, trees=5, depth=3)
+
+
+@pytest.fixture(scope="module")
+def binary(spark):
+    return fitted(spark, "binary")
+
+
+def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
+    df, prepare_model, models = binary
+    assert tuple(models) == bl.BASELINES["binary"]
+    front = bl.assembly_front(prepare_model)
+    assert not any(isinstance(s, ClassBalanceSamplerModel) for s in front.stages)
+    width = len(front.transform(df).first()[bl.ASSEMBLED])
+    # x1, x2 and colour one-hot (3 values + the unseen/null index, last dropped): no selection, no PCA
+    assert width == 2 + 3
+    for name, (pipeline, fit_s) in models.items():
+        last = pipeline.stages[-1]
+        assert last.numFeatures == width and fit_s > 0, name
+        if isinstance(last, LogisticRegressionModel):
+            assert last.summary.predictions.count() == df.count()  # the whole table, not the sample
+
+
+def test_baselines_score_raw_rows_with_unseen_and_null_values(spark, binary):
+    raw = spark.createDataFrame([(1000, "purple", 0.5, None, 1.0), (1001, None, None, 0.1, 0.0)],
+                                "id long, colour string, x1 double, x2 double, label double")
+    for name, (pipeline, _) in binary[2].items():
+        rows = pipeline.transform(raw).select("id", "prediction", "probability").collect()
+        assert [r["id"] for r in rows] == [1000, 1001], name
+        assert all(r["prediction"] in (0.0, 1.0) and np.isfinite(r["probability"].toArray()).all()
+                   for r in rows), name
+
+
+def test_each_task_gets_mllibs_models_for_it():
+    from pyspark.ml import classification as C
+    from pyspark.ml import regression as R
+    want = {"binary": (C.LogisticRegression, C.GBTClassifier, C.RandomForestClassifier),
+            "multiclass": (C.LogisticRegression, C.RandomForestClassifier),
+            "regression": (R.LinearRegression, R.GBTRegressor, R.RandomForestRegressor)}
+    for task, classes in want.items():
+        made = [bl.estimator(name, task, seed=1) for name in bl.BASELINES[task]]
+        assert [type(m) for m in made] == list(classes), task
+        assert all(m.getFeaturesCol() == bl.ASSEMBLED for m in made)
+
+
+def test_a_baseline_the_task_lacks_is_named():
+    with pytest.raises(ValueError, match="no baseline 'gbt' for a multiclass task"):
+        bl.estimator("gbt", "multiclass", seed=1)
+    with pytest.raises(ValueError, match="unknown task|task"):
+        bl.estimator("gbt", "ranking", seed=1)
