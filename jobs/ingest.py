@@ -56,6 +56,14 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     counts = {r["reason"]: int(r["count"]) for r in classified.groupBy("reason").count().collect()}
     # The full source is counted on its own; a sample's input is the rows the sample kept.
     rows_in = source.df.count() if cfg.data.sample_fraction >= 1.0 else sum(counts.values())
+    if not counts.get(None):  # checked before any write: a failed ingest leaves the output as it was
+        filtered = counts.get("__filtered__", 0)
+        rejected = {k: v for k, v in counts.items() if k not in (None, "__filtered__")}
+        raise ValueError(
+            f"no usable rows in {spec.source.path or spec.source.table or spec.source.loader} "
+            f"({spec.file}): {rows_in} rows read, {filtered} left out by the filter {spec.filter!r}, "
+            f"rejected: {rejected or 'none'}" + (f"; sample_fraction {cfg.data.sample_fraction} kept "
+                                                 f"{sum(counts.values())}" if cfg.data.sample_fraction < 1 else ""))
 
     out = run.write(usable, spec.table)
     rej = run.write(rejected.coalesce(1), spec.rejected_table)
@@ -69,9 +77,6 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     if not report["accounted"]:
         raise RuntimeError(f"ingest lost rows: {report['rows_in']} in, {report['rows_usable']} usable + "
                            f"{report['rows_rejected']} rejected + {report['rows_filtered']} filtered")
-    if not report["rows_usable"]:
-        raise ValueError(f"no usable rows in {spec.source.path or spec.source.table or spec.source.loader}: "
-                         f"{report['rejected_by_reason']}")
     write_json(record, source.declared.jsonValue())
     ing.claim_output(paths, spec, write=True)
     report.update({
@@ -88,6 +93,11 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     print(f"[ingest] {spec.name}: {report['rows_in']} rows read: {report['rows_usable']} usable, "
           f"{report['rows_rejected']} rejected {report['rejected_by_reason']}, "
           f"{report['rows_filtered']} left out by the filter", flush=True)
+    if plan.get("class_0_values"):
+        more = "" if plan["class_0_values_listed_all"] else ", ..."
+        print(f"[ingest] label {spec.label.column!r}: class 1 = {list(spec.label.positive)}; class 0 = every other "
+              f"value: {plan['class_0_values']}{more} (set label.negative to reject values in neither list)",
+              flush=True)
     print(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
           + (f"; left out {sorted(left_out)}" if left_out else "")
           + (f"; new source columns ignored {source.new_columns}" if source.new_columns else ""), flush=True)

@@ -52,12 +52,28 @@ def parse_ddl(spark: SparkSession, spec: DatasetSpec) -> T.StructType | None:
     try:
         parsed = T._parse_datatype_string(spec.schema)
     except Exception as exc:  # noqa: BLE001 - Spark's ParseException names the position
-        raise SourceError(f"dataset spec {spec.file!r}, key 'schema': not a valid DDL schema: "
-                          f"{str(exc).splitlines()[0]}") from None
+        raise SourceError(f"dataset spec {spec.file!r}, key 'schema': not a valid DDL schema "
+                          f"({spec.schema!r}): {_first_line(exc)}") from None
     if not isinstance(parsed, T.StructType):
         raise SourceError(f"dataset spec {spec.file!r}, key 'schema': expected column definitions "
                           "like \"id BIGINT, price DOUBLE\"")
+    _distinct_ignoring_case(parsed.fieldNames(), f"declared in the schema of {spec.file}")
     return parsed
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first non-empty line of an error (Spark's start with a newline), at most 400 characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:400]
+
+
+def _distinct_ignoring_case(columns: list[str], where: str) -> None:
+    lower: dict[str, str] = {}
+    for c in columns:
+        if c.lower() in lower:
+            raise SourceError(f"columns {lower[c.lower()]!r} and {c!r} ({where}) differ only in case, which "
+                              "Spark cannot tell apart; rename one")
+        lower[c.lower()] = c
 
 
 def read_source(spark: SparkSession, spec: DatasetSpec, recorded: T.StructType | None) -> Source:
@@ -162,12 +178,40 @@ def whole_csv_lines(spark: SparkSession):
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
 
+#: Characters Delta refuses in a column name, and '.', which Spark ML stages read as a struct field.
+BAD_NAME_CHARS = " ,;{}()\n\t=."
+
+
+def check_names(spec: DatasetSpec, columns: list[str]) -> None:
+    """The key and label name source columns exactly (Spark matches names without regard to
+    case, so a near miss would select a column twice); the columns the pipeline keeps have
+    names Delta and MLlib can take."""
+    def near(name: str) -> str:
+        same = [c for c in columns if c.lower() == name.lower()]
+        return f"; did you mean {same[0]!r} (names are case-sensitive here)?" if same else \
+            f" (columns: {', '.join(columns)})"
+    for what, name in (("key", spec.key), ("label.column", spec.label.column)):
+        if name and name not in columns:
+            raise SourceError(f"dataset spec {spec.file!r}, key {what!r}: {name!r} is not a column of the "
+                              f"source{near(name)}")
+    _distinct_ignoring_case(columns, f"source columns, dataset spec {spec.file}")
+    excluded = set(spec.features.exclude)
+    for c in columns:
+        bad = sorted({ch for ch in c if ch in BAD_NAME_CHARS})
+        if bad and c not in excluded:
+            role = "key" if c == spec.key else "label" if c == spec.label.column else "feature"
+            raise SourceError(f"source column {c!r} ({role}) has the character(s) {bad}, which Delta tables or "
+                              f"MLlib stages cannot take in a column name; rename it in the source"
+                              + ("" if role != "feature" else f", or add it to features.exclude in {spec.file}"))
+
+
 def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list[str], dict]:
     """(categorical, numeric, left_out): declared lists as given, else inferred by type from
     the declared schema minus key, label and ``exclude``. Inferred string columns with more
     than ``features.max_categories`` distinct values are left out (an approximate count)."""
     f = spec.features
     types_ = {c.name: c.dataType for c in source.declared.fields}
+    check_names(spec, list(types_))
     skip = {spec.key, spec.label.column, *f.exclude}
     for c in list(f.categorical or ()) + list(f.numeric or ()):
         if c not in types_:
@@ -214,6 +258,10 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
 
 # -- the label ---------------------------------------------------------------------------------
 
+#: How many class-0 values (with counts) a binary ``positive`` label lists in the report.
+NEGATIVES_LISTED = 20
+
+
 def label_plan(spec: DatasetSpec, source: Source, ok: Column) -> dict:
     """How the label column becomes ``label``: for binary the rule, for multiclass the
     classes in order (declared, else the sorted distinct values of the rows ``ok`` keeps)."""
@@ -232,8 +280,18 @@ def label_plan(spec: DatasetSpec, source: Source, ok: Column) -> dict:
                 raise SourceError(f"label.threshold needs a numeric label column; {lab.column!r} is "
                                   f"{t.simpleString()} ({spec.file}); use label.positive")
             return {"task": "binary", "rule": f">= {lab.threshold}"}
+        if lab.positive and lab.negative:
+            return {"task": "binary", "rule": f"in {list(lab.positive)}; 0 if in {list(lab.negative)}; "
+                                              "any other value rejected"}
         if lab.positive:
-            return {"task": "binary", "rule": f"in {list(lab.positive)}"}
+            # Every other value is class 0: list them with their counts, so a typo of a
+            # positive value ('Churned', 'churnd') is seen, not silently made a negative.
+            rows = (source.df.where(ok & col.isNotNull() & ~_text(col).isin(list(lab.positive)))
+                    .groupBy(_text(col).alias("v")).count().orderBy(F.desc("count"), "v")
+                    .limit(NEGATIVES_LISTED + 1).collect())
+            return {"task": "binary", "rule": f"in {list(lab.positive)}; every other value 0",
+                    "class_0_values": {r["v"]: int(r["count"]) for r in rows[:NEGATIVES_LISTED]},
+                    "class_0_values_listed_all": len(rows) <= NEGATIVES_LISTED}
         values = [r[0] for r in source.df.where(ok & col.isNotNull()).select(_text(col)).distinct().limit(3).collect()]
         if not set(values) <= {"0", "1", "true", "false"}:
             raise SourceError(f"binary label column {lab.column!r} holds values other than 0/1 "
@@ -300,6 +358,11 @@ def label_column(spec: DatasetSpec, plan: dict, dtype: T.DataType) -> tuple[Colu
             value = (d >= F.lit(lab.threshold)).cast("double")
         elif lab.positive:
             value = _text(col).isin(list(lab.positive)).cast("double")
+            if lab.negative:
+                known = list(lab.positive) + list(lab.negative)
+                reason = reason.when(~_text(col).isin(known), F.concat(
+                    F.lit(f"label {lab.column!r} value '"), _text(col),
+                    F.lit(f"' is neither positive {list(lab.positive)} nor negative {list(lab.negative)}")))
         else:
             t = _text(col)
             reason = reason.when(~t.isin("0", "1", "true", "false"),
@@ -349,7 +412,7 @@ def classify_rows(spec: DatasetSpec, source: Source, categorical: list[str], num
     if spec.key:
         reason = reason.when(F.col(f"`{key}`").isNull(), F.lit(f"key {key!r} is null"))
     if spec.filter:
-        reason = reason.when(~F.coalesce(F.expr(spec.filter), F.lit(False)), F.lit("__filtered__"))
+        reason = reason.when(~F.coalesce(filter_condition(spec, df), F.lit(False)), F.lit("__filtered__"))
     # Append the label's conditions to the chain by re-wrapping: first match wins.
     reason = F.coalesce(reason, label_reason)
     for c in numeric:
@@ -365,6 +428,21 @@ def classify_rows(spec: DatasetSpec, source: Source, categorical: list[str], num
     out += [value.alias(LABEL, metadata=label_metadata(plan)), reason.alias("reason"),
             F.coalesce(raw, row_json).alias("raw_record")]
     return df.select(*out)
+
+
+def filter_condition(spec: DatasetSpec, df: DataFrame) -> Column:
+    """The spec's ``filter`` as a boolean column of ``df``, checked now: a syntax error, an
+    unknown column or a non-boolean condition is a ``SourceError`` naming the filter and file."""
+    try:
+        cond = F.expr(spec.filter)
+        kind = df.select(cond.alias("f")).schema["f"].dataType
+    except Exception as exc:  # noqa: BLE001 - Spark's parse/analysis errors carry the detail
+        raise SourceError(f"dataset spec {spec.file!r}, key 'filter': {spec.filter!r} is not a valid SQL "
+                          f"condition on the source: {_first_line(exc)}") from None
+    if not isinstance(kind, T.BooleanType):
+        raise SourceError(f"dataset spec {spec.file!r}, key 'filter': {spec.filter!r} is {kind.simpleString()}, "
+                          "not a true/false condition")
+    return cond
 
 
 def split_classified(classified: DataFrame, key: str) -> tuple[DataFrame, DataFrame]:

@@ -19,6 +19,8 @@ data set. Keys::
       column: price
       task: regression             # binary | multiclass | regression
       positive: []                 # binary: the value(s) that are class 1
+      negative: []                 # binary with positive: the class-0 value(s); any other value is
+                                   #   rejected (empty: every other value is class 0, listed in the report)
       threshold: null              # binary: a number; column >= threshold is class 1
       classes: []                  # multiclass: a fixed class order (default: sorted values)
     features:
@@ -77,6 +79,7 @@ class LabelSpec:
     column: str
     task: str
     positive: tuple[str, ...] = ()
+    negative: tuple[str, ...] = ()
     threshold: float | None = None
     classes: tuple[str, ...] = ()
 
@@ -294,6 +297,10 @@ def validate(spec: DatasetSpec) -> None:
         bad("label", "give positive or threshold for a binary label, not both")
     if lab.task != "binary" and (lab.positive or lab.threshold is not None):
         bad("label.positive" if lab.positive else "label.threshold", f"is for task 'binary', not {lab.task!r}")
+    if lab.negative and not lab.positive:
+        bad("label.negative", "needs label.positive (the class-1 values) beside it")
+    if set(lab.negative) & set(lab.positive):
+        bad("label.negative", f"shares values with label.positive: {sorted(set(lab.negative) & set(lab.positive))}")
     if lab.task != "multiclass" and lab.classes:
         bad("label.classes", f"is for task 'multiclass', not {lab.task!r}")
     if len(set(lab.classes)) != len(lab.classes):

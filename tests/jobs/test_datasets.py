@@ -77,6 +77,11 @@ SCHEMA = "id BIGINT, x1 DOUBLE, x2 DOUBLE, colour STRING, count INT, churned STR
       "features": {"numeric": ["features"]}}, r"column 'features' has a name the pipeline uses itself"),
     ({"source": {"format": "parquet", "path": "p", "version": 3}, "label": {"column": "y", "task": "regression"}},
      r"key 'source.version': a pinned version is for format 'delta' only"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "binary", "negative": ["n"]}},
+     r"key 'label.negative': needs label.positive"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "binary", "positive": ["a"],
+                                                              "negative": ["a", "b"]}},
+     r"key 'label.negative': shares values with label.positive: \['a'\]"),
 ])
 def test_a_bad_spec_names_the_key_and_the_file(tmp_path, body, match):
     path = write_spec(tmp_path, "bad", body)
@@ -272,3 +277,64 @@ def test_a_binary_label_without_a_rule_must_be_zero_one(spark, tmp_path):
                                       "label": {"column": "churned", "task": "binary"}})
     with pytest.raises(SourceError, match=r"binary label column 'churned' holds values other than 0/1 .*label.positive"):
         run_ingest(spark, config(spec, tmp_path / "out"))
+
+
+def test_positive_values_list_what_became_class_0_and_negative_rejects_the_rest(spark, tmp_path):
+    pdf = table(40)
+    pdf.loc[[1, 2], "churned"] = "Yes"  # typos of the positive value
+    pdf.loc[3, "churned"] = "yse"
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    body = {"source": {"format": "parquet", "path": src}, "key": "id",
+            "label": {"column": "churned", "task": "binary", "positive": ["yes"]},
+            "features": {"exclude": ["band", "amount"]}}
+    report = run_ingest(spark, config(write_spec(tmp_path, "p", body), tmp_path / "out"))
+    no = int((pdf["churned"] == "no").sum())
+    assert report["label"]["class_0_values"] == {"no": no, "Yes": 2, "yse": 1}
+    assert report["rows_usable"] == 40
+    body["label"]["negative"] = ["no"]
+    report = run_ingest(spark, config(write_spec(tmp_path, "n", body), tmp_path / "out_n"))
+    assert report["rows_usable"] == 37 and report["rows_rejected"] == 3
+    assert report["rejected_by_reason"] == {
+        "label 'churned' value 'Yes' is neither positive ['yes'] nor negative ['no']": 2,
+        "label 'churned' value 'yse' is neither positive ['yes'] nor negative ['no']": 1}
+
+
+def test_a_filter_leaving_no_rows_fails_before_writing(spark, tmp_path):
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(30)).write.parquet(src)
+    spec = write_spec(tmp_path, "f", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "amount", "task": "regression"}, "filter": "x1 > 100"})
+    with pytest.raises(ValueError, match=r"no usable rows .*f\.yaml\): 30 rows read, 30 left out by the filter "
+                                         r"'x1 > 100', rejected: none"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "tables" / "f")
+    assert not os.path.exists(tmp_path / "out" / "tables" / "f_rejected")
+
+
+@pytest.mark.parametrize("schema, key, label, extra, match", [
+    ("myId INT, x DOUBLE, y DOUBLE", "myid", "y", {},
+     r"key 'key': 'myid' is not a column of the source; did you mean 'myId'"),
+    ("id INT, x DOUBLE, y DOUBLE", "id", "yy", {}, r"key 'label.column': 'yy' is not a column of the source \(columns: id, x, y\)"),
+    ("id INT, `x.one` DOUBLE, y DOUBLE", "id", "y", {},
+     r"source column 'x.one' \(feature\) has the character\(s\) \['.'\].*or add it to features.exclude"),
+    ("`my id` INT, x DOUBLE, y DOUBLE", "my id", "y", {}, r"source column 'my id' \(key\) has the character\(s\) \[' '\]"),
+    ("id INT, x DOUBLE, X DOUBLE, y DOUBLE", "id", "y", {}, r"columns 'x' and 'X' \(declared in the schema of .*n.yaml\) differ only in case"),
+    ("id INT, y DUBBLE,, x", "id", "y", {}, r"key 'schema': not a valid DDL schema \('id INT, y DUBBLE,, x'\): \S+"),
+    ("id INT, x DOUBLE, y DOUBLE", "id", "y", {"filter": "x >> AND ("},
+     r"key 'filter': 'x >> AND \(' is not a valid SQL condition on the source: \S+"),
+    ("id INT, x DOUBLE, y DOUBLE", "id", "y", {"filter": "nosuch = 1"},
+     r"key 'filter': 'nosuch = 1' is not a valid SQL condition on the source: .*nosuch"),
+    ("id INT, x DOUBLE, y DOUBLE", "id", "y", {"filter": "x + 1"}, r"key 'filter': 'x \+ 1' is double, not a true/false"),
+])
+def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path, schema, key, label, extra, match):
+    header = [c.strip().split(" ")[0].strip("`") for c in schema.replace("`my id`", "`my_id`").split(",") if c.strip()]
+    header = ["my id" if c == "my_id" else c for c in header]
+    csv = tmp_path / "t.csv"
+    csv.write_text(",".join(header) + "\n" + "\n".join(",".join(str(i + j) for j in range(len(header)))
+                                                       for i in range(10)) + "\n")
+    spec = write_spec(tmp_path, "n", {"source": {"format": "csv", "path": str(csv)}, "schema": schema, "key": key,
+                                      "label": {"column": label, "task": "regression"}, **extra})
+    with pytest.raises(SourceError, match=match):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "tables")
