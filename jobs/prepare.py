@@ -15,6 +15,11 @@ def step(spark, cfg, paths, run) -> dict:
     table = run.read(spark, spec.table)
     categorical, numeric = prep.feature_columns(table, key)
     train, holdout = prep.split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
+    if holdout.limit(1).count() == 0:  # before any write or fit: evaluate would fail on it much later
+        raise ValueError(f"the holdout is empty: {table.count()} usable rows in {spec.table!r} and "
+                         f"prepare.holdout_fraction {cfg.prepare.holdout_fraction}; use more rows (is "
+                         f"data.sample_fraction {cfg.data.sample_fraction} too small for this table?) or a "
+                         "larger holdout_fraction")
     train_ref = run.write(train, "train")
     holdout_ref = run.write(holdout, "holdout")
     train = delta_io.read(spark, train_ref.path, train_ref.version).cache()

@@ -338,3 +338,17 @@ def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path
     with pytest.raises(SourceError, match=match):
         run_ingest(spark, config(spec, tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out" / "tables")
+
+
+def test_an_empty_holdout_stops_prepare_before_it_writes(spark, tmp_path):
+    from sparkdeep.jobs import prepare
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(3)).write.parquet(src)
+    spec = write_spec(tmp_path, "h", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "amount", "task": "regression"}})
+    cfg = config(spec, tmp_path / "out", "prepare.holdout_fraction=0.01")
+    run_ingest(spark, cfg)
+    with pytest.raises(ValueError, match=r"the holdout is empty: 3 usable rows in 'h' and prepare.holdout_fraction "
+                                         r"0.01; .*data.sample_fraction 1.0"):
+        run_step("prepare", prepare.step, spark, cfg, Paths.under(cfg.output_dir))
+    assert not os.path.exists(tmp_path / "out" / "tables" / "train")
