@@ -58,11 +58,11 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     rows_in = source.df.count() if cfg.data.sample_fraction >= 1.0 else sum(counts.values())
     if not counts.get(None):  # checked before any write: a failed ingest leaves the output as it was
         filtered = counts.get("__filtered__", 0)
-        rejected = {k: v for k, v in counts.items() if k not in (None, "__filtered__")}
+        by_reason = {k: v for k, v in counts.items() if k not in (None, "__filtered__")}
         raise ValueError(
             f"no usable rows in {spec.source.path or spec.source.table or spec.source.loader} "
             f"({spec.file}): {rows_in} rows read, {filtered} left out by the filter {spec.filter!r}, "
-            f"rejected: {rejected or 'none'}" + (f"; sample_fraction {cfg.data.sample_fraction} kept "
+            f"rejected: {by_reason or 'none'}" + (f"; sample_fraction {cfg.data.sample_fraction} kept "
                                                  f"{sum(counts.values())}" if cfg.data.sample_fraction < 1 else ""))
 
     out = run.write(usable, spec.table)
