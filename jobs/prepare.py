@@ -29,7 +29,8 @@ def step(spark, cfg, paths, run) -> dict:
         majority_ratio=cfg.prepare.majority_ratio,
         selector_top_fraction=cfg.prepare.selector_top_fraction,
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
-        pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed)
+        pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
+        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca)
     model = pipeline.fit(train)
     run.save_model(model, "prepare")
     prepared = prep.prepared_training_data(model, train, key)
@@ -53,8 +54,23 @@ def step(spark, cfg, paths, run) -> dict:
         names = sel["selected_names"]
         print(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
               f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})", flush=True)
-    print(f"[prepare] CenteredPCA k={report.get('pca_k')} explains {report.get('pca_explained_variance_total')} "
-          f"of the variance: {report.get('pca_explained_variance')}", flush=True)
+    report["encoding"] = cfg.prepare.encoding
+    layout = prep.embedding_layout(model)
+    if layout:
+        report["embedding_layout"] = layout
+        print(f"[prepare] embeddings for {len(layout['categorical'])} categorical columns, values + 1 "
+              f"(unseen/null) each: " + ", ".join(f"{c} {n}" for c, n in zip(layout["categorical"],
+                                                                            layout["cardinalities"])), flush=True)
+    if "pca_k" in report:
+        total = report["pca_explained_variance_total"]
+        print(f"[prepare] CenteredPCA k={report['pca_k']} explains {total} of the variance: "
+              f"{report.get('pca_explained_variance')}", flush=True)
+        target = cfg.prepare.pca_variance_target
+        if total is not None and total < target:
+            report["warnings"] = [f"PCA keeps {total:.3f} of the variance, below prepare.pca_variance_target "
+                                  f"{target}: raise prepare.pca_k (0 = the smallest k reaching the target) or "
+                                  "turn PCA off (prepare.pca=false); bench/RESULTS.md has what it cost here"]
+            print(f"[prepare] WARNING: {report['warnings'][0]}", flush=True)
     return report
 
 

@@ -1,4 +1,9 @@
-"""Train: Keras on Horovod ranks + the MLlib baseline for the task; save both whole pipelines."""
+"""Train: Keras on Horovod ranks + MLlib's usual models (on every feature); save both pipelines.
+
+The network trains on the prepared (rebalanced, selected, projected) table; the baselines
+on every row of the ingested training table through the prepare pipeline's encoding
+front, every assembled feature: what a user would fit instead (``pipelines/baselines``).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +14,7 @@ import sys
 from pyspark.ml import PipelineModel
 
 from sparkdeep import lineage, model_store, tracking
+from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines import train as tr
 from sparkdeep.pipelines.evaluate import classes_of
 from sparkdeep.runs import StepRun
@@ -29,7 +35,7 @@ def checkpoint_key(cfg, fingerprint: dict) -> str:
 
 
 def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
-    """Fit Keras (Horovod) and the baseline; return both whole pipelines, unsaved.
+    """Fit Keras (Horovod) and the baselines; return both whole pipelines, unsaved.
 
     Raises :class:`~sparkdeep.pipelines.evaluate.QualityGateError` when the network's
     weights or final metrics are not finite, so such a model is never saved.
@@ -44,23 +50,45 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
     checkpoint_run = checkpoint_key(cfg, fingerprint)
+    layout = embedding_layout(prepare_model, train)
     estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
-                                   checkpoint_dir=paths.checkpoints)
+                                   checkpoint_dir=paths.checkpoints, layout=layout)
     keras_model = estimator.fit(train)
     tr.check_finite(keras_model)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
-    baseline = tr.baseline(train, task)
+    b = cfg.baselines
+    baseline, fit_s = bl.fit_pipeline(run.read(spark, "train"), prepare_model, task, seed=cfg.seed,
+                                      names=tuple(b.models) or None, trees=b.trees, depth=b.depth,
+                                      max_iter=b.max_iter)
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
     if timings:
         print(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
               f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
               f"fit total {timings['fit_total']:.1f}s", flush=True)
+    print("[train] baselines on every assembled feature of every training row, fit time: " +
+          ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()), flush=True)
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
+              "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout},
               "classes": classes, "checkpoint_run": checkpoint_run, "keras": summary,
+              "baselines": {"fit_s": fit_s, "trees": b.trees, "depth": b.depth, "max_iter": b.max_iter},
               "training_inputs": summary["training_inputs"]}
     return (tr.scoring_pipeline(prepare_model, keras_model, classes),
-            tr.scoring_pipeline(prepare_model, baseline, classes), report)
+            baseline, report)
+
+
+def embedding_layout(prepare_model: PipelineModel, train) -> dict | None:
+    """The tabular network's input layout from the fitted prepare model and the width of the
+    prepared vectors (None for a one-hot prepare model: the plain MLP)."""
+    from sparkdeep.pipelines.prepare import FEATURES, embedding_layout as layout_of
+    layout = layout_of(prepare_model)
+    if layout is None:
+        return None
+    first = train.select(FEATURES).first()
+    if first is None:
+        raise ValueError("train_prepared is empty: nothing to train on")
+    layout["numeric_dim"] = first[0].size - len(layout["cardinalities"])
+    return layout
 
 
 def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:

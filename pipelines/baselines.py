@@ -6,11 +6,16 @@ table: the prepare pipeline's fitted encoding front (string indexers, one-hot en
 imputer, assembler), without the sampler, the selectors or PCA. Each baseline is a whole
 ``PipelineModel`` (that front + the model), so it scores raw holdout rows like the deep one.
 
-Candidates per task (``BASELINES``):
+Candidates per task (``BASELINES``, from ``sparkdeep.tasks``):
 
 - binary: logistic regression, gradient-boosted trees, random forest;
 - multiclass: multinomial logistic regression, random forest (MLlib's GBT is binary only);
 - regression: linear regression, gradient-boosted trees, random forest.
+
+The train step saves them as one ``PipelineModel`` (:func:`fit_pipeline`): the shared
+encoding front, then each model writing its own ``<name>__prediction`` (and
+``__probability``/``__raw``) columns, so one pass over the holdout scores all of them and
+the names travel in the saved model itself (:func:`names_in`, :func:`model_frame`).
 """
 from __future__ import annotations
 
@@ -19,37 +24,56 @@ import time
 from pyspark.ml import PipelineModel
 from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from sparkdeep import tasks
+from sparkdeep.tasks import BASELINES
 
 from .prepare import LABEL
 
 ASSEMBLED = "assembled"
-BASELINES = {
-    "binary": ("logistic_regression", "gbt", "random_forest"),
-    "multiclass": ("logistic_regression", "random_forest"),
-    "regression": ("linear_regression", "gbt", "random_forest"),
-}
+#: Suffixes of each baseline's output columns in the combined pipeline.
+PREDICTION, PROBABILITY, RAW = "__prediction", "__probability", "__raw"
 
 
-def assembly_front(prepare_model: PipelineModel) -> PipelineModel:
-    """The fitted stages of ``prepare_model`` up to its ``VectorAssembler`` (output
-    ``assembled``), minus the class-balance sampler: every row, every feature."""
+def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None) -> PipelineModel:
+    """The fitted encoding of ``prepare_model`` writing every feature to ``assembled``,
+    minus the class-balance sampler: every row, every feature.
+
+    A one-hot prepare model has it: its stages up to the ``VectorAssembler`` of
+    ``assembled``. An embedding one indexes categories but never one-hot encodes them, so
+    the front is its ``StringIndexer`` and ``Imputer`` models, a ``OneHotEncoder`` fitted
+    here on ``train``, and an assembler of the imputed numbers and the one-hot columns.
+    """
+    from pyspark.ml.feature import ImputerModel, OneHotEncoder, StringIndexerModel
+
     from sparkdeep.transformers.sampling import ClassBalanceSamplerModel
     stages = []
     for stage in prepare_model.stages:
         if isinstance(stage, ClassBalanceSamplerModel):
             continue
         stages.append(stage)
-        if isinstance(stage, VectorAssembler):
-            if stage.getOutputCol() != ASSEMBLED:
-                raise ValueError(f"the prepare pipeline's assembler writes {stage.getOutputCol()!r}, "
-                                 f"expected {ASSEMBLED!r}")
+        if isinstance(stage, VectorAssembler) and stage.getOutputCol() == ASSEMBLED:
             return PipelineModel(stages)
-    raise ValueError("the prepare pipeline has no VectorAssembler: no full-feature baseline can be built")
+    indexers = [s for s in prepare_model.stages if isinstance(s, StringIndexerModel)]
+    imputers = [s for s in prepare_model.stages if isinstance(s, ImputerModel)]
+    if not indexers and not imputers:
+        raise ValueError("the prepare pipeline has neither a StringIndexer nor an Imputer: no full-feature "
+                         "baseline can be built")
+    front = list(indexers) + list(imputers)
+    idx = [c for s in indexers for c in s.getOutputCols()]
+    ohe = [f"{c}__ohe" for c in idx]
+    if idx:
+        if train is None:
+            raise ValueError("an embedding prepare model needs the training rows to fit the baselines' one-hot encoder")
+        front.append(OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True).fit(
+            PipelineModel(list(indexers)).transform(train)))
+    imp = [c for s in imputers for c in s.getOutputCols()]
+    front.append(VectorAssembler(inputCols=imp + ohe, outputCol=ASSEMBLED, handleInvalid="error"))
+    return PipelineModel(front)
 
 
-def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 6):
+def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 6, max_iter: int = 100):
     """The unfitted MLlib estimator ``name`` for ``task`` (see ``BASELINES``)."""
     tasks.check_task(task)
     if name not in BASELINES[task]:
@@ -58,16 +82,66 @@ def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 
     if task == "regression":
         from pyspark.ml import regression as R
         if name == "linear_regression":
-            return R.LinearRegression(maxIter=100, regParam=0.0, **common)
+            return R.LinearRegression(maxIter=max_iter, regParam=0.0, **common)
         if name == "gbt":
             return R.GBTRegressor(maxIter=trees, maxDepth=depth, seed=seed, **common)
         return R.RandomForestRegressor(numTrees=2 * trees, maxDepth=depth + 4, seed=seed, **common)
     from pyspark.ml import classification as C
     if name == "logistic_regression":
-        return C.LogisticRegression(maxIter=100, regParam=0.0, family="auto", **common)
+        return C.LogisticRegression(maxIter=max_iter, regParam=0.0, family="auto", **common)
     if name == "gbt":
         return C.GBTClassifier(maxIter=trees, maxDepth=depth, seed=seed, **common)
     return C.RandomForestClassifier(numTrees=2 * trees, maxDepth=depth + 4, seed=seed, **common)
+
+
+def _outputs(est, name: str, task: str):
+    est.setPredictionCol(name + PREDICTION)
+    if task != "regression":
+        est.setProbabilityCol(name + PROBABILITY).setRawPredictionCol(name + RAW)
+    return est
+
+
+def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
+                 names: tuple[str, ...] | None = None, trees: int = 50, depth: int = 6,
+                 max_iter: int = 100) -> tuple[PipelineModel, dict[str, float]]:
+    """Every baseline in one ``PipelineModel`` (front + one model per name, each with its
+    own output columns) fitted on every row of ``train``; and {name: fit seconds}."""
+    names = tuple(names) if names else BASELINES[tasks.check_task(task)]
+    for name in names:
+        estimator(name, task, seed=seed)  # an unknown name fails before any work
+    front = assembly_front(prepare_model, train)
+    assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
+    try:
+        assembled.count()  # the encoding is shared by the candidates, not timed against one
+        models, fit_s = [], {}
+        for name in names:
+            t0 = time.perf_counter()
+            models.append(_outputs(estimator(name, task, seed=seed, trees=trees, depth=depth, max_iter=max_iter),
+                                   name, task)
+                          .fit(assembled))
+            fit_s[name] = round(time.perf_counter() - t0, 3)
+        return PipelineModel(list(front.stages) + models), fit_s
+    finally:
+        assembled.unpersist()
+
+
+def names_in(model: PipelineModel) -> list[str]:
+    """The baselines a pipeline from :func:`fit_pipeline` holds, in fitting order."""
+    out = []
+    for stage in model.stages:
+        if stage.hasParam("predictionCol") and stage.getOrDefault("predictionCol").endswith(PREDICTION):
+            out.append(stage.getOrDefault("predictionCol")[:-len(PREDICTION)])
+    return out
+
+
+def model_frame(scored: DataFrame, name: str, task: str) -> DataFrame:
+    """``scored`` (the output of a :func:`fit_pipeline` model) with baseline ``name``'s
+    outputs as the usual ``prediction``/``probability``/``rawPrediction`` columns."""
+    out = scored.withColumn("prediction", F.col(name + PREDICTION))
+    if task != "regression":
+        out = out.withColumn("probability", F.col(name + PROBABILITY)) \
+                 .withColumn("rawPrediction", F.col(name + RAW))
+    return out
 
 
 def fit_baselines(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
@@ -76,7 +150,7 @@ def fit_baselines(train: DataFrame, prepare_model: PipelineModel, task: str, *, 
     """{name: (front + fitted model as one PipelineModel, fit seconds)} on every row of
     ``train`` (the training table as ingested, not the rebalanced sample)."""
     names = tuple(names) if names else BASELINES[task]
-    front = assembly_front(prepare_model)
+    front = assembly_front(prepare_model, train)
     assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
     try:
         assembled.count()  # the encoding is shared by the candidates, not timed against one

@@ -10,7 +10,8 @@ only) and the univariate test (ANOVA F for classes, F-regression for a number).
 from __future__ import annotations
 
 from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.feature import Imputer, OneHotEncoder, StringIndexer, VectorAssembler
+from pyspark.ml.feature import (Imputer, OneHotEncoder, StandardScaler, StringIndexer, StringIndexerModel,
+                                VectorAssembler)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -32,13 +33,33 @@ def feature_columns(df: DataFrame, key: str) -> tuple[list[str], list[str]]:
     return cat, num
 
 
+ENCODINGS = ("embedding", "onehot")
+#: The embedding layout's standardised numeric block (then the category indices).
+NUMERIC = "numeric_scaled"
+
+
 def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majority_ratio: float,
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
-                           pca_variance_target: float = 0.9, label: str = LABEL) -> Pipeline:
+                           pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
+                           pca: bool = True) -> Pipeline:
     """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``. The
     sampler decides membership by the row ``key`` alone, so a column added to the source
-    later does not change the sample."""
+    later does not change the sample.
+
+    ``encoding='onehot'``: categories one-hot, assembled with the imputed numbers, the
+    selectors on the whole vector, then (``pca``) PCA: ``features`` is a dense projection.
+
+    ``encoding='embedding'`` (for the tabular network): the selectors (and ``pca``) act on
+    the numeric block only, which is then standardised; ``features`` is ``[numbers...,
+    one category index per categorical column]`` for the network's embedding layers. An
+    unseen or null category gets index = its column's number of values (StringIndexer's
+    ``'keep'`` bucket). :func:`embedding_layout` reads the layout back from the fitted model.
+    """
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
     categorical, numeric = list(categorical), list(numeric)
+    if not categorical and not numeric:
+        raise ValueError("no feature columns: the prepare pipeline needs at least one categorical or numeric column")
     idx = [f"{c}__idx" for c in categorical]
     ohe = [f"{c}__ohe" for c in categorical]
     imp = [f"{c}__imp" for c in numeric]
@@ -49,24 +70,66 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
                                           seed=seed, keyCols=[key]))
     if categorical:
         # 'keep': unseen categories and nulls get their own index instead of failing scoring.
-        stages += [StringIndexer(inputCols=categorical, outputCols=idx, handleInvalid="keep",
-                                 stringOrderType="frequencyDesc"),
-                   OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True)]
+        stages.append(StringIndexer(inputCols=categorical, outputCols=idx, handleInvalid="keep",
+                                    stringOrderType="frequencyDesc"))
+        if encoding == "onehot":
+            stages.append(OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True))
     if numeric:
         stages.append(Imputer(inputCols=numeric, outputCols=imp, strategy="median"))
-    stages += [
-        VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"),
-        VarianceSelector(featuresCol="assembled", outputCol="varying", varianceThreshold=0.0),
-        UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
-                           featureType="continuous", labelType="categorical" if classify else "continuous",
-                           selectionMode="percentile", selectionThreshold=selector_top_fraction),
-        CorrelationSelector(featuresCol="informative", outputCol="selected", labelCol=label,
-                            maxCorrelation=max_correlation),
-        # pca_k is a maximum: a table with fewer features after selection keeps them all.
-        CenteredPCA(inputCol="selected", outputCol=FEATURES, k=pca_k, varianceTarget=pca_variance_target,
-                    scale=True, kAtMost=True),
-    ]
+
+    def reduce(source: str, last: str, scale: bool) -> list:
+        out = [
+            VarianceSelector(featuresCol=source, outputCol="varying", varianceThreshold=0.0),
+            UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
+                               featureType="continuous", labelType="categorical" if classify else "continuous",
+                               selectionMode="percentile", selectionThreshold=selector_top_fraction),
+            CorrelationSelector(featuresCol="informative", outputCol="selected", labelCol=label,
+                                maxCorrelation=max_correlation),
+        ]
+        if pca:
+            # pca_k is a maximum: a table with fewer features after selection keeps them all.
+            out.append(CenteredPCA(inputCol="selected", outputCol=last, k=pca_k, varianceTarget=pca_variance_target,
+                                   scale=True, kAtMost=True))
+        elif scale:
+            out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
+        else:
+            out.append(VectorAssembler(inputCols=["selected"], outputCol=last))
+        return out
+
+    if encoding == "onehot":
+        stages.append(VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))
+        stages += reduce("assembled", FEATURES, scale=False)
+        return Pipeline(stages=stages)
+    inputs = []
+    if numeric:
+        stages.append(VectorAssembler(inputCols=imp, outputCol="numeric", handleInvalid="error"))
+        stages += reduce("numeric", NUMERIC, scale=True)
+        inputs.append(NUMERIC)
+    stages.append(VectorAssembler(inputCols=inputs + idx, outputCol=FEATURES, handleInvalid="error"))
     return Pipeline(stages=stages)
+
+
+def embedding_layout(model: PipelineModel, numeric_dim: int | None = None) -> dict | None:
+    """The network's input layout of a fitted embedding-encoded prepare model (None for a
+    one-hot one): ``categorical`` (column names), ``cardinalities`` (values + 1 for the
+    unseen/null bucket, per column) and ``numeric_dim`` when given (the vector's width
+    minus the categorical columns)."""
+    assembler = next((s for s in model.stages if isinstance(s, VectorAssembler) and s.getOutputCol() == FEATURES),
+                     None)
+    if assembler is None:
+        return None
+    indexer = next((s for s in model.stages if isinstance(s, StringIndexerModel)), None)
+    cards = {}
+    if indexer is not None:
+        for col, out, labels in zip(indexer.getInputCols(), indexer.getOutputCols(), indexer.labelsArray):
+            cards[out] = (col, len(labels) + 1)
+    used = [c for c in assembler.getInputCols() if c in cards]
+    if not used and NUMERIC not in assembler.getInputCols():
+        return None  # one-hot encoding without PCA: the assembler just renames the selected vector
+    layout = {"categorical": [cards[c][0] for c in used], "cardinalities": [cards[c][1] for c in used]}
+    if numeric_dim is not None:
+        layout["numeric_dim"] = int(numeric_dim)
+    return layout
 
 
 def sampler_of(model: PipelineModel) -> ClassBalanceSamplerModel | None:

@@ -382,6 +382,12 @@ def _cell(value) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
 
 
+_BASELINE_NOTE = ("The network trains on the prepared (rebalanced, selected, reduced) features; every other "
+                  "model is an MLlib baseline fitted on every assembled feature of every training row: what a "
+                  "user would fit instead. Fit time: the network's whole Horovod fit (launch included), each "
+                  "baseline's MLlib fit.")
+
+
 def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], run_id: str | None,
                 title: str = "sparkdeep evaluation report") -> str:
     """The report page for ``result`` (the evaluate step's: ``task``, ``metrics`` per model, and
@@ -389,8 +395,11 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
     model) and the earlier steps' ``reports``."""
     task = tasks.check_task(result["task"])
     names = list(tasks.holdout_metrics(task)) + ["rows"]
-    head = "".join(f"<th>{html.escape(_HEADINGS.get(n, n.replace('_', ' ')))}</th>" for n in names)
-    rows = "".join(f"<tr><th>{html.escape(model)}</th>{''.join(f'<td>{_cell(m.get(n))}</td>' for n in names)}</tr>"
+    fit_s = result.get("fit_s") or {}
+    head = "".join(f"<th>{html.escape(_HEADINGS.get(n, n.replace('_', ' ')))}</th>" for n in names) + \
+        ("<th>fit s</th>" if fit_s else "")
+    rows = "".join(f"<tr><th>{html.escape(model)}</th>{''.join(f'<td>{_cell(m.get(n))}</td>' for n in names)}"
+                   + (f"<td>{_cell(fit_s.get(model))}</td>" if fit_s else "") + "</tr>"
                    for model, m in result["metrics"].items())
     counts = "".join(f"<tr><th>{html.escape(step)}</th><td style='text-align:left'>"
                      f"{html.escape(json.dumps(c))}</td></tr>" for step, c in result.get("row_counts", {}).items())
@@ -407,5 +416,6 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p class='meta'>run {html.escape(str(run_id))} &middot; task {html.escape(what)} &middot; "
             f"written {made}</p>"
-            f"<h2>Metrics</h2><table><tr><th>model</th>{head}</tr>{rows}</table>"
+            f"<h2>Metrics</h2><p class='meta'>{html.escape(_BASELINE_NOTE)}</p>"
+            f"<table><tr><th>model</th>{head}</tr>{rows}</table>"
             f"<h2>Rows per step</h2><table>{counts}</table>{body}</body></html>")

@@ -1,11 +1,9 @@
-"""Training: the Horovod Keras estimator and the MLlib baseline for the task.
+"""Training: the Horovod Keras estimator for the task.
 
 The task (binary, multiclass, regression) comes from the dataset spec and sets the loss,
 the metrics and the default network (``sparkdeep.tasks``, ``transformers/keras_models``);
-``train.loss`` and ``train.metrics`` in the config override them. The baseline is what a
-user would try first on the same prepared, weighted features: MLlib's
-``LogisticRegression`` (binomial or multinomial, chosen by the number of classes) or
-``LinearRegression``.
+``train.loss`` and ``train.metrics`` in the config override them. The baselines (what a
+user would fit instead, on every feature) are in ``pipelines/baselines``.
 """
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ from pyspark.ml.feature import IndexToString
 from pyspark.sql import DataFrame
 
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
 
 from .evaluate import check_finite as _check_finite
 from .prepare import FEATURES, LABEL, WEIGHT
@@ -26,33 +25,33 @@ PREDICTED_CLASS = "predicted_class"
 
 
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
-                    checkpoint_dir: str = "", staging_dir: str = "") -> KerasHorovodEstimator:
-    """The estimator the train step uses, from the ``train`` section of the config."""
+                    checkpoint_dir: str = "", staging_dir: str = "",
+                    layout: dict | None = None) -> KerasHorovodEstimator:
+    """The estimator the train step uses, from the ``train`` section of the config.
+
+    ``layout`` (``prepare.embedding_layout`` of an embedding-encoded prepare model, with
+    ``numeric_dim``) picks the tabular network: one embedding per categorical column, the
+    numbers beside them; without it, the MLP on the prepared vector."""
     t = train_cfg
     args = {"hidden_units": list(t.hidden_units), "dropout": t.dropout}
+    builder = ""
+    if layout is not None:
+        builder = TABULAR_BUILDERS[task]
+        args.update(numeric_dim=int(layout["numeric_dim"]), cardinalities=list(layout["cardinalities"]),
+                    normalization=t.normalization)
     if task == "multiclass":
         if not classes:
             raise ValueError("a multiclass fit needs the class list (the label column's metadata)")
         args["num_classes"] = len(classes)
     return KerasHorovodEstimator(
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
-        loss=t.loss or DEFAULT_LOSS[task], modelArgs=args,
+        loss=t.loss or DEFAULT_LOSS[task], modelArgs=args, modelBuilder=builder,
         numProc=t.num_proc, epochs=t.epochs, batchSize=t.batch_size, learningRate=t.learning_rate,
         metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,
+        lrSchedule=t.lr_schedule,
         runId=run_id, checkpointDir=checkpoint_dir, seed=seed, stagingDir=staging_dir)
-
-
-def baseline(train: DataFrame, task: str):
-    """MLlib's usual first model on the same prepared, weighted features."""
-    if task == "regression":
-        from pyspark.ml.regression import LinearRegression
-        return LinearRegression(featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT, maxIter=100,
-                                regParam=0.0).fit(train)
-    from pyspark.ml.classification import LogisticRegression
-    return LogisticRegression(featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
-                              maxIter=100, regParam=0.0, family="auto").fit(train)
 
 
 def scoring_pipeline(prepare_model: PipelineModel, final_stage, classes: list[str] | None = None) -> PipelineModel:

@@ -69,6 +69,8 @@ class PrepareConfig:
     max_correlation: float
     pca_k: int
     pca_variance_target: float
+    encoding: str           # embedding (categories -> the network's embeddings) or onehot
+    pca: bool               # project the (numeric, for embedding) selected block with PCA
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +89,17 @@ class TrainConfig:
     compression: str
     scale_learning_rate: bool
     warmup_epochs: float
+    normalization: str      # tabular network (embedding encoding): layer, batch or none
+    lr_schedule: str        # after warm-up: constant or cosine
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselinesConfig:
+    """MLlib models fitted beside the network on every assembled feature (issue 13)."""
+    models: tuple[str, ...]  # () = the task's (sparkdeep.tasks.BASELINES)
+    trees: int               # GBT iterations; random forest grows 2x this many trees
+    depth: int               # GBT depth; random forest grows depth + 4
+    max_iter: int            # logistic/linear regression iterations
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +126,7 @@ class Config:
     data: DataConfig
     prepare: PrepareConfig
     train: TrainConfig
+    baselines: BaselinesConfig
     gate: GateConfig
     tracking: TrackingConfig
     # The data set's spec (conf/datasets/<data.dataset>.yaml), attached by load_config.
@@ -137,6 +151,9 @@ class Config:
             ("prepare.max_correlation", 0 < self.prepare.max_correlation <= 1),
             ("prepare.pca_k", self.prepare.pca_k >= 0),
             ("prepare.pca_variance_target", 0 < self.prepare.pca_variance_target <= 1),
+            ("prepare.encoding", self.prepare.encoding in ("embedding", "onehot")),
+            ("train.normalization", self.train.normalization in ("layer", "batch", "none")),
+            ("train.lr_schedule", self.train.lr_schedule in ("constant", "cosine")),
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
             ("train.batch_size", self.train.batch_size >= 1),
@@ -150,6 +167,12 @@ class Config:
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
             ("train.compression", self.train.compression in ("none", "fp16")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
+            ("baselines.models", len(set(self.baselines.models)) == len(self.baselines.models) and all(
+                m in (tasks.BASELINES[task] if task else {n for v in tasks.BASELINES.values() for n in v})
+                for m in self.baselines.models)),
+            ("baselines.trees", self.baselines.trees >= 1),
+            ("baselines.depth", 1 <= self.baselines.depth <= 26),
+            ("baselines.max_iter", self.baselines.max_iter >= 1),
             ("gate.metric", gate_ok),
             ("gate.min_value", self.gate.min_value >= 0 if lower else
              0 <= self.gate.min_value <= 1 if unit else self.gate.min_value <= 1),
@@ -162,6 +185,9 @@ class Config:
                                      f"metric names from {sorted(metric_names)}"),
                    "train.loss": ("'' (the task's default) or a loss for a " + (task or "supported") +
                                   f" network: {sorted(k for k, t in tasks.LOSS_TASK.items() if t == task or not task)}"),
+                   "baselines.models": ("distinct names from " + (
+                       str(list(tasks.BASELINES[task])) if task else str(tasks.BASELINES)) + "; [] = all of them"),
+                   "baselines.depth": "1 to 26 (the random forest grows depth + 4, MLlib's limit is 30)",
                    "gate.metric": (f'"" (the task\'s default: {tasks.DEFAULT_GATE_METRIC}) or a held-out metric '
                                    f'of the {task or "any"} task: '
                                    f'{[m for m, h in tasks.HOLDOUT_METRICS.items() if not task or task in h.tasks]}')}

@@ -95,6 +95,14 @@ HOLDOUT_METRICS = {
 }
 
 # The metric the quality gate checks when ``gate.metric`` is "".
+#: What a user would fit instead, per task (``pipelines/baselines.py``): MLlib's usual
+#: strongest models on every assembled feature. MLlib's GBT is binary only.
+BASELINES = {
+    "binary": ("logistic_regression", "gbt", "random_forest"),
+    "multiclass": ("logistic_regression", "random_forest"),
+    "regression": ("linear_regression", "gbt", "random_forest"),
+}
+
 DEFAULT_GATE_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}
 
 

@@ -116,6 +116,8 @@ def log_evaluate(cfg, paths: Paths, run_id: str | None, result: dict, files: lis
     mlflow_run = _run_for(client, exp, run_id, {})
     metrics = [Metric(f"holdout_{model}_{k}", float(v), 0, 0)
                for model, m in result["metrics"].items() for k, v in m.items() if _metric(v) is not None]
+    metrics += [Metric(f"fit_s_{model}", float(v), 0, 0) for model, v in (result.get("fit_s") or {}).items()
+                if _metric(v) is not None]
     client.log_batch(mlflow_run, metrics=metrics)
     client.log_dict(mlflow_run, json.loads(json.dumps(result, default=str)), "reports/evaluate.json")
     for path in files:

@@ -139,6 +139,10 @@ def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
     ("output_dir=", "output_dir"),
     ("output_dir=' '", "output_dir"),
     ("gate.metric=f1", "gate.metric"),
+    ("baselines.models=[gbt, gbt]", "baselines.models"),
+    ("baselines.models=[xgboost]", "baselines.models"),
+    ("baselines.trees=0", "baselines.trees"),
+    ("baselines.depth=30", "baselines.depth"),
     ("gate.min_value=1.5", "gate.min_value"),
     ("gate.max_regression=-0.1", "gate.max_regression"),
 ])

@@ -14,11 +14,11 @@ STEPS = ["ingest", "prepare", "train", "score", "evaluate"]
 
 
 @pytest.fixture(scope="module")
-def airflow_python(repo_root):
-    done = subprocess.run(["bash", os.path.join(repo_root, "scripts", "airflow_env.sh")], capture_output=True,
-                          text=True, timeout=1200, env={**os.environ, "PYTHON": sys._base_executable})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+def airflow_python():
+    from tests.conftest import airflow_env
+    rc, out = airflow_env()  # started in the background when this test was collected (conftest)
+    assert rc == 0, out[-3000:]
+    return out.strip().splitlines()[-1]
 
 
 @pytest.mark.slow

@@ -132,6 +132,19 @@ def _code_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(sparkdeep.__file__)))
 
 
+def learning_rate_at(update_no: int, base_lr: float, target_lr: float, warmup: int, total: int,
+                     schedule: str = "constant") -> float:
+    """The learning rate for update ``update_no`` (1-based) of ``total``: a linear ramp from
+    ``base_lr`` to ``target_lr`` over ``warmup`` updates, then constant, or (``'cosine'``)
+    a half cosine from ``target_lr`` down to 5% of it at update ``total``."""
+    if update_no <= warmup:
+        return base_lr + (target_lr - base_lr) * update_no / max(warmup, 1)
+    if schedule == "cosine":
+        progress = min(1.0, (update_no - warmup) / max(total - warmup, 1))
+        return target_lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return target_lr
+
+
 def train_rank(spec: dict) -> dict:
     """Train on this rank's shard; rank 0 also returns the trained model and history."""
     t_enter = time.time()
@@ -282,7 +295,8 @@ def train_rank(spec: dict) -> dict:
             comm_calls += 1
             comm_bytes += sum(int(np.prod(g.shape)) for g in acc) * grad_bytes_each
             update_no += 1
-            lr = target_lr if update_no > warmup else base_lr + (target_lr - base_lr) * update_no / max(warmup, 1)
+            lr = learning_rate_at(update_no, base_lr, target_lr, warmup, epochs * updates,
+                                  spec.get("lr_schedule", "constant"))
             optimizer.learning_rate.assign(lr)
             apply(reduced)
             t_comm += td - tc

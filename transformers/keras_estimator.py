@@ -153,6 +153,9 @@ class _HorovodRunParams(Params):
     warmupEpochs = Param(Params._dummy(), "warmupEpochs",
                          "epochs over which the learning rate ramps linearly up to its scaled value",
                          typeConverter=TypeConverters.toFloat)
+    lrSchedule = Param(Params._dummy(), "lrSchedule",
+                       "after warm-up: 'constant', or 'cosine' (decays to 5% of the scaled rate by the last "
+                       "planned epoch)", typeConverter=TypeConverters.toString)
     stallTimeout = Param(Params._dummy(), "stallTimeout",
                          "seconds a rank may go without a heartbeat before fit fails naming it (> 0)",
                          typeConverter=TypeConverters.toFloat)
@@ -164,7 +167,8 @@ class _HorovodRunParams(Params):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="", accumulationSteps=1,
-                         compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0)
+                         compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
+                         lrSchedule="constant")
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)
@@ -246,7 +250,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                  metrics: list[str] | None = None, numProc: int | None = None, epochs: int | None = None,
                  batchSize: int | None = None, accumulationSteps: int | None = None,
                  compression: str | None = None, scaleLearningRate: bool | None = None,
-                 warmupEpochs: float | None = None, validationFraction: float | None = None,
+                 warmupEpochs: float | None = None, lrSchedule: str | None = None,
+                 validationFraction: float | None = None,
                  validationCol: str | None = None, earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
                  stagingDir: str | None = None, seed: int | None = None, handleInvalid: str | None = None,
@@ -299,6 +304,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
+        if self.getOrDefault(self.lrSchedule) not in ("constant", "cosine"):
+            raise ValueError(f"lrSchedule must be 'constant' or 'cosine', got {self.getOrDefault(self.lrSchedule)!r}")
         if self.getOrDefault(self.compression) not in ("none", "fp16"):
             raise ValueError(f"compression must be 'none' or 'fp16', got {self.getOrDefault(self.compression)!r}")
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
@@ -340,13 +347,15 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             net = _rank_training.keras_from_bytes(data)
         else:
             args = self.getModelArgs()
-            if task == "multiclass" and not self.getModelBuilder() and "num_classes" not in args:
+            builder = _resolve_builder(self._builder_name())
+            takes = _parameters(builder)
+            if task == "multiclass" and "num_classes" in takes and "num_classes" not in args:
                 args["num_classes"] = max(2, int(labels["max"]) + 1)
-            if task == "regression" and not self.getModelBuilder() and "target_mean" not in args:
+            if task == "regression" and "target_mean" in takes and "target_mean" not in args:
                 # Learn a standardised target; the network's last layer maps it back to units.
                 args["target_mean"] = float(labels.get("mean") or 0.0)
                 args["target_scale"] = float(labels.get("std") or 0.0) or 1.0
-            net = _resolve_builder(self._builder_name())(input_dim, **args)
+            net = builder(input_dim, **args)
             data = None
         units, activation = network_output(net)
         width = int(net.inputs[0].shape[-1]) if net.inputs and net.inputs[0].shape[-1] is not None else input_dim
@@ -410,6 +419,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                 "learning_rate": self.getLearningRate(),
                 "scale_lr": self.getOrDefault(self.scaleLearningRate),
                 "warmup_epochs": self.getOrDefault(self.warmupEpochs),
+                "lr_schedule": self.getOrDefault(self.lrSchedule),
                 "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss).lower(),
                 "task": task,
                 "metrics": list(self.getOrDefault(self.metrics)),
@@ -470,6 +480,18 @@ def _read_checkpoint(folder: str) -> dict | None:
         model_bytes = fh.read()
     return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
             "model_bytes": model_bytes, "optimizer_path": os.path.join(folder, "optimizer.npz")}
+
+
+def _parameters(fn) -> set[str]:
+    """The keyword parameters a builder takes (all of them if it takes ``**kwargs``)."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {"num_classes", "target_mean", "target_scale"}
+    return set(params)
 
 
 def _resolve_builder(spec: str):

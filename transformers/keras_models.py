@@ -58,3 +58,102 @@ DEFAULT_BUILDERS = {
     "multiclass": "sparkdeep.transformers.keras_models:mlp_classifier",
     "regression": "sparkdeep.transformers.keras_models:mlp_regressor",
 }
+
+
+# -- tabular networks: a numeric block and one learned embedding per categorical column ----
+
+def embedding_dim(cardinality: int, cap: int = 24) -> int:
+    """Width of a categorical column's embedding: grows like cardinality^0.56 (a rule of
+    thumb from fast.ai's tabular models), at least 2, at most ``cap``."""
+    return int(max(2, min(cap, round(1.6 * max(int(cardinality), 1) ** 0.56))))
+
+
+def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, dropout: float,
+             normalization: str, embedding_cap: int, name: str):
+    """The shared body: the input vector is ``[numeric_dim standardised numbers, one category
+    index per categorical column]`` (the prepare pipeline's embedding layout). Each index
+    column goes through its own ``Embedding`` (index ``cardinality - 1`` is the unseen/null
+    bucket StringIndexer's ``handleInvalid='keep'`` gives), concatenated with the numbers,
+    then Dense -> normalisation -> ReLU -> dropout per hidden layer. Only built-in layers
+    and ops: the saved ``.keras`` file loads in Keras safe mode.
+
+    Layer normalisation by default: batch normalisation keeps running statistics that
+    each Horovod rank would update from its own shard only (no all-reduce), so the
+    replicas would end different; layer normalisation has no such state."""
+    import keras
+    from keras import ops
+
+    numeric_dim, cards = int(numeric_dim), [int(c) for c in cardinalities or ()]
+    if numeric_dim < 0 or numeric_dim + len(cards) != int(input_dim):
+        raise ValueError(f"the embedding layout needs input_dim = numeric_dim + number of categorical columns: "
+                         f"{numeric_dim} + {len(cards)} != {input_dim}")
+    if any(c < 2 for c in cards):
+        raise ValueError(f"every categorical column needs a cardinality >= 2 (its values + the unseen/null "
+                         f"bucket), got {cards}")
+    if normalization not in ("batch", "layer", "none"):
+        raise ValueError(f"normalization must be batch, layer or none, got {normalization!r}")
+    inputs = keras.Input(shape=(int(input_dim),), name="features")
+    parts = []
+    if numeric_dim:
+        parts.append(inputs[:, :numeric_dim])
+    for i, card in enumerate(cards):
+        # Indices arrive as floats; clip guards a bad index the way the bucket does an unseen value.
+        idx = ops.cast(ops.clip(inputs[:, numeric_dim + i], 0, card - 1), "int32")
+        emb = keras.layers.Embedding(card, embedding_dim(card, embedding_cap), name=f"embedding_{i}")(idx)
+        parts.append(emb)
+    x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="numeric_and_embeddings")(parts)
+    for i, units in enumerate(hidden_units):
+        x = keras.layers.Dense(int(units), use_bias=normalization == "none", name=f"dense_{i}")(x)
+        if normalization == "batch":
+            x = keras.layers.BatchNormalization(name=f"norm_{i}")(x)
+        elif normalization == "layer":
+            x = keras.layers.LayerNormalization(name=f"norm_{i}")(x)
+        x = keras.layers.Activation("relu", name=f"relu_{i}")(x)
+        if dropout:
+            x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
+    return inputs, x
+
+
+def tabular_binary_classifier(input_dim: int, numeric_dim: int, cardinalities=(), hidden_units=(256, 128),
+                              dropout: float = 0.1, normalization: str = "layer", embedding_cap: int = 24):
+    """Embeddings + numeric block + MLP ending in one sigmoid unit: P(label = 1)."""
+    import keras
+    inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
+                         embedding_cap, "tabular_binary_classifier")
+    out = keras.layers.Dense(1, activation="sigmoid", name="probabilities")(x)
+    return keras.Model(inputs, out, name="tabular_binary_classifier")
+
+
+def tabular_classifier(input_dim: int, num_classes: int, numeric_dim: int, cardinalities=(),
+                       hidden_units=(256, 128), dropout: float = 0.1, normalization: str = "layer",
+                       embedding_cap: int = 24):
+    """Embeddings + numeric block + MLP ending in ``num_classes`` softmax units."""
+    import keras
+    inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
+                         embedding_cap, "tabular_classifier")
+    out = keras.layers.Dense(int(num_classes), activation="softmax", name="probabilities")(x)
+    return keras.Model(inputs, out, name="tabular_classifier")
+
+
+def tabular_regressor(input_dim: int, numeric_dim: int, cardinalities=(), hidden_units=(256, 128),
+                      dropout: float = 0.1, normalization: str = "layer", embedding_cap: int = 24,
+                      target_mean: float = 0.0, target_scale: float = 1.0):
+    """Embeddings + numeric block + MLP ending in one linear unit, in the target's units
+    (see :func:`mlp_regressor` for ``target_mean``/``target_scale``)."""
+    import keras
+    if not target_scale > 0:
+        raise ValueError(f"target_scale must be > 0, got {target_scale}")
+    inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
+                         embedding_cap, "tabular_regressor")
+    out = keras.layers.Dense(1, activation="linear", name="probabilities")(x)
+    if not (target_mean == 0.0 and target_scale == 1.0):
+        out = keras.layers.Rescaling(scale=float(target_scale), offset=float(target_mean), name="target_units")(out)
+    return keras.Model(inputs, out, name="tabular_regressor")
+
+
+#: The tabular builder for each task (the prepare pipeline's embedding layout).
+TABULAR_BUILDERS = {
+    "binary": "sparkdeep.transformers.keras_models:tabular_binary_classifier",
+    "multiclass": "sparkdeep.transformers.keras_models:tabular_classifier",
+    "regression": "sparkdeep.transformers.keras_models:tabular_regressor",
+}

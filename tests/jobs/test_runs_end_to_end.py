@@ -15,7 +15,7 @@ import pytest
 from pyspark.ml import PipelineModel
 
 from sparkdeep import delta_io, lineage
-from sparkdeep.pipelines.train import baseline
+from sparkdeep.pipelines import baselines as bl
 
 pytestmark = pytest.mark.slow
 
@@ -103,8 +103,12 @@ def test_steps_reconcile_and_a_fresh_process_scores_exactly_like_the_saved_model
     assert written == here  # exactly, not approximately
 
     result = json.load(open(full_run / "runs" / "full" / "reports" / "evaluate.json"))
-    for name in ("keras_horovod", "logistic_regression"):
+    assert list(result["metrics"]) == ["keras_horovod", "logistic_regression", "gbt", "random_forest"]
+    for name in result["metrics"]:
         assert 0.5 < result["metrics"][name]["auc"] <= 1.0
+        assert result["fit_s"][name] > 0
+    # The baselines scored every holdout row each, from one saved pipeline.
+    assert rows["score"]["rows_out_baseline_predictions"] == 3 * rows["score"]["rows_out_predictions"]
     assert result["row_counts"]["score"]["out"] == result["row_counts"]["prepare"]["holdout"]
     assert set(result["step_wall_s"]) == {"ingest", "prepare", "train", "score"}
 
@@ -176,7 +180,7 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     prepared = m["steps"]["prepare"]["outputs"]["train_prepared"]
     assert m["steps"]["train"]["inputs"]["train_prepared"] == prepared
     assert m["steps"]["prepare"]["inputs"]["flights"]["version"] == m["steps"]["ingest"]["outputs"]["flights"]["version"]
-    assert set(m["metrics"]) == {"keras_horovod", "logistic_regression"}
+    assert set(m["metrics"]) == {"keras_horovod", "logistic_regression", "gbt", "random_forest"}
 
     runs = delta_io.read(spark, str(full_run / "tables" / "runs")).where("run_id = 'full'").collect()
     assert len(runs) == 1 and runs[0]["status"] == "succeeded"
@@ -202,11 +206,14 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     assert info["verified"] and info["version"] == prepared["version"]
     assert info["fingerprint"] == recorded["fingerprint"]
 
-    # ... and the deterministic baseline refits to the same coefficients from it.
-    again = delta_io.read(spark, str(tmp_path / "again"))
-    refit = baseline(again, "binary")  # the default spec (nycflights13) is a binary task
-    saved = PipelineModel.load(m["models"]["baseline"]).stages[-1]
-    np.testing.assert_allclose(refit.coefficients.toArray(), saved.coefficients.toArray(), rtol=1e-6, atol=1e-9)
+    # ... and the deterministic logistic baseline refits to the same coefficients from the
+    # recorded version of the training rows it was fitted on.
+    train_rows, _ = lineage.reproduce(spark, recorded, table="train")
+    saved = PipelineModel.load(m["models"]["baseline"])
+    prepare = PipelineModel.load(m["steps"]["train"]["model_inputs"]["prepare"]["path"])
+    refit, _ = bl.fit_pipeline(train_rows, prepare, "binary", seed=42, names=("logistic_regression",))
+    coef = [s.coefficients.toArray() for p in (refit, saved) for s in p.stages if hasattr(s, "coefficients")]
+    np.testing.assert_allclose(coef[0], coef[1], rtol=1e-6, atol=1e-9)
 
     # A tampered recorded version no longer matches and says so.
     tampered = {**recorded, "tables": {**recorded["tables"], "train_prepared": {"path": live, "version":
@@ -222,6 +229,9 @@ def test_the_run_leaves_an_html_report_and_an_mlflow_run(full_run, tmp_path):
     m = manifest(full_run, "full")
     page = full_run / "runs" / "full" / "reports" / "evaluate.html"
     assert page.exists() and (full_run / "reports" / "evaluate.html").exists()
+    text = page.read_text()
+    for name in ("keras_horovod", "logistic_regression", "gbt", "random_forest", "fit s", "every assembled feature"):
+        assert name in text, name
     if _browser.available():
         imgs = _browser.images(str(page))
         assert len(imgs) >= 11  # ROC, PR, 2 confusion, calibration, learning, balance, 3 selectors, PCA, timings
@@ -236,6 +246,8 @@ def test_the_run_leaves_an_html_report_and_an_mlflow_run(full_run, tmp_path):
     assert run.data.tags["delta.train_prepared.version"] == str(prepared["version"])
     assert run.data.params["train.epochs"] == str(m["config"]["train"]["epochs"])
     assert run.data.metrics["holdout_keras_horovod_auc"] == pytest.approx(m["metrics"]["keras_horovod"]["auc"])
+    assert run.data.metrics["holdout_gbt_auc"] == pytest.approx(m["metrics"]["gbt"]["auc"])
+    assert run.data.metrics["fit_s_gbt"] > 0
     epochs = client.get_metric_history(run.info.run_id, "val_loss")
     assert [e.step for e in epochs] == list(range(1, len(epochs) + 1)) and len(epochs) >= 1
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from pyspark.sql import functions as F
 
 from sparkdeep import delta_io
 from sparkdeep.jobs import evaluate, ingest, prepare, score, train
@@ -62,8 +63,9 @@ def runs(spark, tmp_path_factory):
     return out
 
 
-def predictions(spark, run, table="predictions"):
-    return delta_io.read(spark, run["paths"].table(table)).toPandas()
+def predictions(spark, run, table="predictions", model=None):
+    df = delta_io.read(spark, run["paths"].table(table))
+    return (df.where(df.model == model) if model else df).toPandas()
 
 
 @pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
@@ -82,10 +84,12 @@ def test_metrics_match_scikit_learn_on_the_same_predictions(spark, runs, task):
     from sklearn import metrics as M
     run = runs[task]
     result = run["reports"]["evaluate"]["metrics"]
-    for name, table_name in (("keras_horovod", "predictions"),
-                             ("linear_regression" if task == "regression" else "logistic_regression",
-                              "baseline_predictions")):
-        p = predictions(spark, run, table_name)
+    from sparkdeep.tasks import BASELINES
+    assert list(result) == ["keras_horovod", *BASELINES[task]]
+    for name in result:
+        p = predictions(spark, run, "predictions") if name == "keras_horovod" else \
+            predictions(spark, run, "baseline_predictions", model=name)
+        assert len(p) == run["reports"]["score"]["rows_in"], name
         got = result[name]
         y, yhat = p["label"].to_numpy(), p["prediction"].to_numpy()
         if task == "binary":
@@ -151,3 +155,27 @@ def test_a_fresh_process_loads_each_saved_pipeline_and_predicts_identically(spar
         saved = {str(k): v for k, v in zip(p[j["key"]], p["prediction"])}
         assert fresh.keys() == saved.keys()
         np.testing.assert_allclose([fresh[k] for k in saved], list(saved.values()), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
+def test_the_saved_embedding_pipeline_scores_unseen_and_null_categories(spark, runs, task):
+    """Issue 13: the network learns an embedding per category; a value never seen in
+    training and a null both go to the column's extra index and are scored, not dropped."""
+    from sparkdeep import model_store
+    from sparkdeep.pipelines.prepare import embedding_layout
+    run = runs[task]
+    model = model_store.load_pipeline(spark, run["paths"].model("pipeline", None))
+    layout = embedding_layout(model)
+    assert layout is not None and layout["categorical"] == ["colour"] and layout["cardinalities"] == [4]
+    assert run["reports"]["train"]["network"]["builder"].split(":")[1].startswith("tabular_")
+    holdout = delta_io.read(spark, run["paths"].table("holdout"))
+    row = holdout.where("colour = 'red'").limit(1)
+    probe = (row.withColumn("colour", F.lit("purple"))
+             .unionByName(row.withColumn("colour", F.lit(None).cast("string")))
+             .unionByName(row))
+    out = model.transform(probe).collect()
+    assert len(out) == 3 and all(r["prediction"] is not None for r in out)
+    unseen, null, red = (r["prediction"] if task == "regression" else
+                         tuple(r["probability"].toArray()) for r in out)
+    assert unseen == null  # one bucket for both
+    assert unseen != red   # and it is not the seen value's embedding

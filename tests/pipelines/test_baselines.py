@@ -79,3 +79,37 @@ def test_a_baseline_the_task_lacks_is_named():
         bl.estimator("gbt", "multiclass", seed=1)
     with pytest.raises(ValueError, match="unknown task|task"):
         bl.estimator("gbt", "ranking", seed=1)
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
+def test_one_saved_pipeline_holds_every_baseline_and_each_scores_like_its_own_fit(spark, task, tmp_path):
+    """The train step's form: one PipelineModel, each model with its own output columns; the
+    saved and reloaded pipeline names its baselines and gives each one's predictions."""
+    from pyspark.ml import PipelineModel
+
+    from sparkdeep.pipelines.evaluate import predictions_frame
+    df, prepare_model, single = fitted(spark, task)
+    combined, fit_s = bl.fit_pipeline(df, prepare_model, task, seed=1, trees=5, depth=3)
+    assert list(fit_s) == list(bl.BASELINES[task]) and all(s > 0 for s in fit_s.values())
+    combined.write().overwrite().save(str(tmp_path / "b"))
+    loaded = PipelineModel.load(str(tmp_path / "b"))
+    assert bl.names_in(loaded) == list(bl.BASELINES[task])
+    scored = loaded.transform(df)
+    classes = ["0", "1", "2"] if task == "multiclass" else None
+    for name in bl.BASELINES[task]:
+        got = predictions_frame(bl.model_frame(scored, name, task), name, key="id", task=task, classes=classes)
+        want = predictions_frame(single[name][0].transform(df), name, key="id", task=task, classes=classes)
+        assert sorted(got.collect()) == sorted(want.collect()), name
+    with pytest.raises(ValueError, match="no baseline 'gbt' for a multiclass task"):
+        bl.fit_pipeline(df, prepare_model, "multiclass", seed=1, names=("gbt",))
+
+
+def test_the_console_table_lists_every_model_best_first_with_fit_times():
+    from sparkdeep.jobs.evaluate import metrics_table
+    m = {"keras_horovod": {"auc": 0.70, "average_precision": 0.4, "accuracy": 0.6, "log_loss": 0.6, "rows": 10},
+         "gbt": {"auc": 0.77, "average_precision": 0.5, "accuracy": 0.7, "log_loss": 0.5, "rows": 10}}
+    text = metrics_table(m, {"keras_horovod": 30.0, "gbt": None}, "binary")
+    lines = text.splitlines()
+    assert "auc" in lines[0] and "fit s" in lines[0]
+    assert lines[1].split()[0] == "gbt" and lines[1].split()[-2] == "-"
+    assert lines[2].split()[0] == "keras_horovod" and lines[2].split()[-2] == "30.0"

@@ -72,3 +72,55 @@ def test_sample_ignores_a_column_added_to_the_source(sample):
     wider = train.withColumn("added_later", F.lit("x"))
     again = {r[0] for r in sampler.fit(wider).sample(wider).select(KEY).collect()}
     assert kept == again and 0 < len(kept) < train.count()
+
+
+def test_embedding_encoding_gives_standardised_numbers_then_category_indices(spark):
+    """Issue 13: categories go to the network as indices (one per column), numbers as a
+    standardised block; an unseen and a null category both get the column's extra index."""
+    import numpy as np
+    import pandas as pd
+    rng = np.random.default_rng(4)
+    n = 300
+    pdf = pd.DataFrame({"id": np.arange(n), "colour": rng.choice(["red", "green", "blue"], n),
+                        "size": rng.choice(["s", "m"], n), "x1": rng.normal(5, 3, n), "x2": rng.normal(size=n),
+                        "label": rng.integers(0, 2, n).astype(float)})
+    df = spark.createDataFrame(pdf)
+    model = prep.build_prepare_pipeline(task="binary", categorical=["colour", "size"], numeric=["x1", "x2"],
+                                        key="id", majority_ratio=1.0, selector_top_fraction=1.0, pca_k=0,
+                                        max_correlation=1.0, seed=1, encoding="embedding", pca=False).fit(df)
+    layout = prep.embedding_layout(model)
+    assert layout == {"categorical": ["colour", "size"], "cardinalities": [4, 3]}
+    prepared = prep.prepared_training_data(model, df, "id")
+    x = np.array([r[0].toArray() for r in prepared.select(prep.FEATURES).collect()])
+    assert x.shape[1] == 2 + 2
+    np.testing.assert_allclose(x[:, :2].mean(axis=0), 0, atol=1e-9)
+    np.testing.assert_allclose(x[:, :2].std(axis=0, ddof=1), 1, atol=1e-9)
+    assert set(x[:, 2]) == {0.0, 1.0, 2.0} and set(x[:, 3]) == {0.0, 1.0}
+
+    # Scoring rows with an unseen value, a null and a null number: kept, extra index, imputed.
+    new = spark.createDataFrame([(1000, "purple", "s", 1.0, 0.0, 0.0), (1001, None, None, None, 0.0, 1.0)],
+                                "id long, colour string, size string, x1 double, x2 double, label double")
+    rows = {r["id"]: r[prep.FEATURES].toArray() for r in model.transform(new).collect()}
+    assert rows[1000][2] == 3.0 and rows[1001][2] == 3.0 and rows[1001][3] == 2.0
+    assert np.isfinite(rows[1001]).all()
+    # The one-hot encoding has no such layout.
+    onehot = prep.build_prepare_pipeline(task="binary", categorical=["colour"], numeric=["x1"], key="id",
+                                         majority_ratio=1.0, selector_top_fraction=1.0, pca_k=1, seed=1).fit(df)
+    assert prep.embedding_layout(onehot) is None
+
+
+def test_the_baselines_get_one_hot_features_from_an_embedding_prepare_model(spark):
+    import numpy as np
+    import pandas as pd
+
+    from sparkdeep.pipelines import baselines as bl
+    rng = np.random.default_rng(5)
+    pdf = pd.DataFrame({"id": np.arange(200), "colour": rng.choice(["red", "green", "blue"], 200),
+                        "x1": rng.normal(size=200), "label": rng.integers(0, 2, 200).astype(float)})
+    df = spark.createDataFrame(pdf)
+    model = prep.build_prepare_pipeline(task="binary", categorical=["colour"], numeric=["x1"], key="id",
+                                        majority_ratio=1.0, selector_top_fraction=1.0, pca_k=0, seed=1,
+                                        encoding="embedding", pca=False).fit(df)
+    front = bl.assembly_front(model, df)
+    assembled = front.transform(df).select(bl.ASSEMBLED).first()[0]
+    assert assembled.size == 1 + 3  # x1, then colour one-hot: 3 values + the unseen/null bucket, last dropped

@@ -86,26 +86,25 @@ def test_estimator_validates_on_the_driver(cancer):
         model.setPredictionCol("label").transform(cancer)
 
 
+@pytest.fixture(scope="module")
+def plain(cancer):
+    """One plain two-rank fit, inside a Pipeline like any MLlib estimator, shared by the
+    tests below (each Horovod launch costs ~25 s here)."""
+    fitted = Pipeline(stages=[_estimator(epochs=5, warmupEpochs=0.0)]).fit(cancer)
+    return fitted.stages[0]
+
+
 @pytest.mark.slow
-def test_two_ranks_train_identical_replicas_that_learn(cancer, spark):
-    from pyspark.ml.evaluation import BinaryClassificationEvaluator
-    est = KerasHorovodEstimator(featuresCol="features", labelCol="label", numProc=2, epochs=4,
-                                batchSize=32, learningRate=0.01,
-                                modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=1)
-    model = est.fit(cancer)
-    summary = model.trainingSummary
+def test_two_ranks_train_identical_replicas_that_learn(cancer, plain):
+    summary = plain.trainingSummary
     digests = {r["weights_digest"] for r in summary["ranks"]}
     assert len(summary["ranks"]) == 2 and len(digests) == 1, "replicas diverged"
     assert sum(r["rows"] for r in summary["ranks"]) == cancer.count()  # each rank its own shard
     losses = [h["loss"] for h in summary["history"]]
-    assert len(losses) == 4 and losses[-1] < losses[0]
-    scored = model.transform(cancer).withColumn("p", vector_to_array("probability")[1])
-    auc = BinaryClassificationEvaluator(rawPredictionCol="p", labelCol="label").evaluate(scored)
-    assert auc > 0.95
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert _auc(plain, cancer) > 0.95
     assert summary["timings_s"]["launch_to_first_step"] > 0 and summary["timings_s"]["training"] > 0
-    # Used inside a Pipeline like any MLlib estimator.
-    fitted = Pipeline(stages=[KerasHorovodEstimator(numProc=2, epochs=1, batchSize=64)]).fit(cancer)
-    assert fitted.transform(cancer).where(F.col("prediction").isNull()).count() == 0
+    assert plain.transform(cancer).where(F.col("prediction").isNull()).count() == 0
 
 
 # -- issue 4: update strategies, validation, checkpoints, failure --------------------------
@@ -124,16 +123,16 @@ def _estimator(**kw):
 
 
 @pytest.mark.slow
-def test_accumulation_and_fp16_change_what_is_communicated_and_converge(cancer):
-    plain = _estimator().fit(cancer).trainingSummary
-    accumulated = _estimator(accumulationSteps=4).fit(cancer)
+def test_accumulation_and_fp16_change_what_is_communicated_and_converge(cancer, plain):
+    plain = plain.trainingSummary
+    accumulated = _estimator(epochs=5, warmupEpochs=0.0, accumulationSteps=4).fit(cancer)
     s = accumulated.trainingSummary
     # K=4: one all-reduce per 4 batches.
-    assert s["ranks"][0]["allreduce_calls"] == 3 * s["updates_per_epoch"] == 3 * (s["steps_per_epoch"] // 4)
-    assert s["ranks"][0]["allreduce_calls"] * 4 == 3 * s["steps_per_epoch"]
-    assert plain["ranks"][0]["allreduce_calls"] == 3 * plain["steps_per_epoch"]  # one per batch
+    assert s["ranks"][0]["allreduce_calls"] == 5 * s["updates_per_epoch"] == 5 * (s["steps_per_epoch"] // 4)
+    assert s["ranks"][0]["allreduce_calls"] * 4 == 5 * s["steps_per_epoch"]
+    assert plain["ranks"][0]["allreduce_calls"] == 5 * plain["steps_per_epoch"]  # one per batch
     assert _auc(accumulated, cancer) > 0.95
-    fp16 = _estimator(compression="fp16").fit(cancer)
+    fp16 = _estimator(epochs=5, warmupEpochs=0.0, compression="fp16").fit(cancer)
     f = fp16.trainingSummary
     assert f["ranks"][0]["allreduce_calls"] == plain["ranks"][0]["allreduce_calls"]
     assert f["ranks"][0]["allreduce_bytes"] * 2 == plain["ranks"][0]["allreduce_bytes"]  # half the bytes
@@ -189,7 +188,7 @@ def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
 
 
 @pytest.mark.slow
-def test_spark_training_matches_a_single_process_run(cancer):
+def test_spark_training_matches_a_single_process_run(cancer, plain):
     """Two ranks with averaged gradients behave like one process with the same global
     batch and learning rate: same quality within tolerance."""
     import keras
@@ -201,7 +200,7 @@ def test_spark_training_matches_a_single_process_run(cancer):
     hist = net.fit(x, y, batch_size=64, epochs=5, verbose=0, shuffle=True)
     from sklearn.metrics import roc_auc_score
     single_auc = roc_auc_score(y, net.predict(x, verbose=0).ravel())
-    spark_model = _estimator(epochs=5, warmupEpochs=0.0).fit(cancer)
+    spark_model = plain  # 5 epochs, no warm-up
     spark_loss = spark_model.trainingSummary["history"][-1]["loss"]
     assert abs(_auc(spark_model, cancer) - single_auc) < 0.02
     assert spark_loss == pytest.approx(hist.history["loss"][-1], abs=0.05)
@@ -228,3 +227,16 @@ def test_multiclass_softmax_model_scores_class_probabilities(spark):
     assert probs.shape == (len(d.target), 10) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     acc = scored.where("prediction = label").count() / scored.count()
     assert acc > 0.9
+
+
+def test_learning_rate_ramps_then_stays_or_decays_by_cosine(cancer):
+    from sparkdeep.transformers._rank_training import learning_rate_at
+    ramp = [learning_rate_at(u, 0.001, 0.002, 10, 100) for u in (1, 5, 10)]
+    assert ramp == pytest.approx([0.0011, 0.0015, 0.002])
+    assert learning_rate_at(50, 0.001, 0.002, 10, 100) == 0.002  # constant after the ramp
+    cos = [learning_rate_at(u, 0.001, 0.002, 10, 100, "cosine") for u in (10, 11, 55, 100, 150)]
+    assert cos[0] == pytest.approx(0.002) and cos[1] < 0.002
+    assert cos[2] == pytest.approx(0.002 * (0.05 + 0.95 * 0.5))  # half way
+    assert cos[3] == pytest.approx(0.0001) and cos[4] == pytest.approx(0.0001)  # floor: 5%
+    with pytest.raises(ValueError, match="lrSchedule must be 'constant' or 'cosine'"):
+        KerasHorovodEstimator(lrSchedule="linear").fit(cancer)

@@ -1,0 +1,151 @@
+"""What each reduction stage and the network's input encoding cost or earn, on the same rows.
+
+Reads a finished run's output folder (``make run`` writes ``output/``): its ``train`` and
+``holdout`` tables. For each variant it fits the prepare pipeline on the training rows
+(optionally a deterministic hash sample of them, ``--fraction``), trains the network on
+real Horovod ranks with the config's train settings (``--epochs`` overrides), scores the
+whole holdout through the fitted pipeline, and records the task's held-out metric,
+prepare-fit and train-fit seconds and the network's input width. Variants:
+
+- ``onehot_rebalance_select_pca16``: the pipeline before issue 13 (one-hot, rebalance to
+  1:1, three selectors, PCA k=16, MLP 64-32);
+- ``onehot_rebalance_select``: the same without PCA;
+- ``onehot_select``: without PCA or rebalancing;
+- ``embedding_rebalance_select``: categories as embeddings, numbers standardised;
+- ``embedding_select``: the same without rebalancing;
+- ``embedding``: no rebalancing, no selection (every column);
+- ``embedding_select_pca``: PCA on the numeric block (variance target 0.9).
+
+Classification only varies rebalancing; regression is never rebalanced, so its
+rebalancing variants are skipped.
+
+    .venv/bin/python bench/ablation_bench.py [--output output] [--fraction 0.3] [--epochs 8] [--only a,b]
+
+Writes bench/results/ablation_<data set>.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import _results  # bench/_results.py (the script folder is on sys.path)
+
+#: variant -> (prepare settings, train settings) over the config's.
+VARIANTS = {
+    "onehot_rebalance_select_pca16": ({"encoding": "onehot", "pca": True, "pca_k": 16, "rebalance": True},
+                                      {"hidden_units": (64, 32)}),
+    "onehot_rebalance_select": ({"encoding": "onehot", "pca": False, "rebalance": True}, {}),
+    "onehot_select": ({"encoding": "onehot", "pca": False, "rebalance": False}, {}),
+    "embedding_rebalance_select": ({"encoding": "embedding", "pca": False, "rebalance": True}, {}),
+    "embedding_select": ({"encoding": "embedding", "pca": False, "rebalance": False}, {}),
+    "embedding": ({"encoding": "embedding", "pca": False, "rebalance": False, "select": False}, {}),
+    "embedding_select_pca": ({"encoding": "embedding", "pca": True, "pca_k": 0, "rebalance": False}, {}),
+}
+#: majorityRatio meaning "keep every row" (the sampler keeps at most this x the smallest class).
+NO_REBALANCE = 1e9
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--output", default="output", help="a finished run's output folder")
+    ap.add_argument("--fraction", type=float, default=1.0, help="hash sample of the training rows (holdout: all)")
+    ap.add_argument("--epochs", type=int, default=0, help="train.epochs for every variant (0 = the config's)")
+    ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
+    args = ap.parse_args(argv)
+
+    import dataclasses
+
+    from pyspark.ml import PipelineModel
+    from pyspark.sql import functions as F
+
+    from sparkdeep import delta_io, tasks
+    from sparkdeep.config import load_config
+    from sparkdeep.pipelines import evaluate as ev
+    from sparkdeep.pipelines import prepare as prep
+    from sparkdeep.pipelines import train as tr
+    from sparkdeep.session import builder
+    from sparkdeep.transformers.sampling import hash_uniform
+
+    out = os.path.abspath(args.output)
+    with open(os.path.join(out, "dataset.json")) as fh:
+        dataset = json.load(fh)
+    cfg = load_config(overrides=[f"output_dir={out}", f"data.dataset={dataset['spec_file']}"])
+    spark = builder(cfg.spark, app_name="ablation-bench").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    task, key = cfg.dataset.task, cfg.dataset.key_column
+    train = delta_io.read(spark, os.path.join(out, "tables", "train"))
+    if args.fraction < 1.0:
+        train = train.where(hash_uniform(F.xxhash64(F.lit(cfg.seed + 7), F.col(key))) < args.fraction)
+    train = train.cache()
+    holdout = delta_io.read(spark, os.path.join(out, "tables", "holdout")).cache()
+    n_train, n_holdout = train.count(), holdout.count()
+    classes = ev.classes_of(train) if task == "multiclass" else None
+    categorical, numeric = prep.feature_columns(train, key)
+    metric = tasks.DEFAULT_GATE_METRIC[task]
+    t_cfg = cfg.train if not args.epochs else dataclasses.replace(cfg.train, epochs=args.epochs)
+    wanted = [v for v in args.only.split(",") if v] or list(VARIANTS)
+    unknown = [v for v in wanted if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    print(f"{dataset.get('name')} ({task}): {n_train} training rows (fraction {args.fraction}), "
+          f"{n_holdout} held out; {t_cfg.epochs} epochs, early stopping patience {t_cfg.early_stopping_patience}",
+          flush=True)
+
+    results = []
+    for name in wanted:
+        p, t = VARIANTS[name]
+        if task == "regression" and p.get("rebalance"):
+            continue
+        p_cfg = cfg.prepare
+        select = p.get("select", True)
+        pipeline = prep.build_prepare_pipeline(
+            task=task, categorical=categorical, numeric=numeric, key=key,
+            majority_ratio=p_cfg.majority_ratio if p["rebalance"] else NO_REBALANCE,
+            selector_top_fraction=p_cfg.selector_top_fraction if select else 1.0,
+            max_correlation=p_cfg.max_correlation if select else 1.0,
+            pca_k=p.get("pca_k", p_cfg.pca_k), pca_variance_target=p_cfg.pca_variance_target, seed=cfg.seed,
+            encoding=p["encoding"], pca=p["pca"])
+        t0 = time.perf_counter()
+        prepare_model = pipeline.fit(train)
+        prepared = prep.prepared_training_data(prepare_model, train, key).cache()
+        rows_prepared = prepared.count()
+        prepare_s = time.perf_counter() - t0
+        width = len(prepared.first()[prep.FEATURES])
+        layout = prep.embedding_layout(prepare_model)
+        if layout is not None:
+            layout["numeric_dim"] = width - len(layout["cardinalities"])
+        variant_cfg = dataclasses.replace(t_cfg, **t)
+        est = tr.keras_estimator(variant_cfg, task=task, seed=cfg.seed, classes=classes, layout=layout)
+        t0 = time.perf_counter()
+        keras_model = est.fit(prepared)
+        train_s = time.perf_counter() - t0
+        prepared.unpersist()
+        scored = PipelineModel(list(prepare_model.stages) + [keras_model]).transform(holdout)
+        frame = ev.predictions_frame(scored, name, key=key, task=task, classes=classes).cache()
+        m = ev.task_metrics(frame, task, classes)
+        frame.unpersist()
+        summary = keras_model.trainingSummary
+        row = {"variant": name, metric: m[metric], "metrics": {k: v for k, v in m.items()
+                                                                if isinstance(v, (int, float))},
+               "prepare_s": round(prepare_s, 1), "train_s": round(train_s, 1),
+               "training_s": summary["timings_s"].get("training"), "epochs_run": len(summary["history"]),
+               "rows_prepared": rows_prepared, "input_width": width,
+               "pca": (prep.prepare_report(prepare_model).get("pca_k"),
+                       prep.prepare_report(prepare_model).get("pca_explained_variance_total"))}
+        results.append(row)
+        print(f"{name:32s} {metric}={m[metric]:.4f} prepare {prepare_s:6.1f}s train {train_s:6.1f}s "
+              f"(epochs {row['epochs_run']}, rows {rows_prepared}, width {width})", flush=True)
+
+    _results.write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                f"ablation_{dataset.get('name')}.json"),
+                   {"dataset": dataset.get("name"), "task": task, "metric": metric, "rows_train": n_train,
+                    "rows_holdout": n_holdout, "fraction": args.fraction, "epochs": t_cfg.epochs,
+                    "train_config": dataclasses.asdict(t_cfg), "variants": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
