@@ -14,7 +14,9 @@ prepare-fit and train-fit seconds and the network's input width. Variants:
 - ``embedding_rebalance_select``: categories as embeddings, numbers standardised;
 - ``embedding_select``: the same without rebalancing;
 - ``embedding``: no rebalancing, no selection (every column);
-- ``embedding_select_pca``: PCA on the numeric block (variance target 0.9).
+- ``embedding_select_pca``: PCA on the numeric block (variance target 0.9);
+- ``embedding_bins``: every column, plus each number's quantile bin (16) embedded;
+- ``embedding_bins_wide``: the same with a 512-256-128 network.
 
 Classification only varies rebalancing; regression is never rebalanced, so its
 rebalancing variants are skipped.
@@ -43,6 +45,10 @@ VARIANTS = {
     "embedding_select": ({"encoding": "embedding", "pca": False, "rebalance": False}, {}),
     "embedding": ({"encoding": "embedding", "pca": False, "rebalance": False, "select": False}, {}),
     "embedding_select_pca": ({"encoding": "embedding", "pca": True, "pca_k": 0, "rebalance": False}, {}),
+    "embedding_bins": ({"encoding": "embedding", "pca": False, "rebalance": False, "select": False,
+                        "numeric_buckets": 16}, {}),
+    "embedding_bins_wide": ({"encoding": "embedding", "pca": False, "rebalance": False, "select": False,
+                             "numeric_buckets": 16}, {"hidden_units": (512, 256, 128)}),
 }
 #: majorityRatio meaning "keep every row" (the sampler keeps at most this x the smallest class).
 NO_REBALANCE = 1e9
@@ -107,16 +113,14 @@ def main(argv=None) -> int:
             selector_top_fraction=p_cfg.selector_top_fraction if select else 1.0,
             max_correlation=p_cfg.max_correlation if select else 1.0,
             pca_k=p.get("pca_k", p_cfg.pca_k), pca_variance_target=p_cfg.pca_variance_target, seed=cfg.seed,
-            encoding=p["encoding"], pca=p["pca"])
+            encoding=p["encoding"], pca=p["pca"], numeric_buckets=p.get("numeric_buckets", 0))
         t0 = time.perf_counter()
         prepare_model = pipeline.fit(train)
         prepared = prep.prepared_training_data(prepare_model, train, key).cache()
         rows_prepared = prepared.count()
         prepare_s = time.perf_counter() - t0
         width = len(prepared.first()[prep.FEATURES])
-        layout = prep.embedding_layout(prepare_model)
-        if layout is not None:
-            layout["numeric_dim"] = width - len(layout["cardinalities"])
+        layout = prep.network_layout(prepare_model, prepared)
         variant_cfg = dataclasses.replace(t_cfg, **t)
         est = tr.keras_estimator(variant_cfg, task=task, seed=cfg.seed, classes=classes, layout=layout)
         t0 = time.perf_counter()
@@ -139,11 +143,21 @@ def main(argv=None) -> int:
         print(f"{name:32s} {metric}={m[metric]:.4f} prepare {prepare_s:6.1f}s train {train_s:6.1f}s "
               f"(epochs {row['epochs_run']}, rows {rows_prepared}, width {width})", flush=True)
 
-    _results.write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                f"ablation_{dataset.get('name')}.json"),
-                   {"dataset": dataset.get("name"), "task": task, "metric": metric, "rows_train": n_train,
-                    "rows_holdout": n_holdout, "fraction": args.fraction, "epochs": t_cfg.epochs,
-                    "train_config": dataclasses.asdict(t_cfg), "variants": results})
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"ablation_{dataset.get('name')}.json")
+    data = {"dataset": dataset.get("name"), "task": task, "metric": metric, "rows_train": n_train,
+            "rows_holdout": n_holdout, "fraction": args.fraction, "epochs": t_cfg.epochs,
+            "train_config": dataclasses.asdict(t_cfg), "variants": results}
+    # Variants run separately (--only) on the same rows and settings go into one file.
+    if os.path.exists(path):
+        with open(path) as fh:
+            old = json.load(fh)
+        same = ("rows_train", "rows_holdout", "fraction", "epochs")
+        if all(old.get(k) == data[k] for k in same):
+            rerun = {r["variant"] for r in results}
+            data["variants"] = [r for r in old["variants"] if r["variant"] not in rerun] + results
+            data["variants"].sort(key=lambda r: list(VARIANTS).index(r["variant"]) if r["variant"] in VARIANTS
+                                  else len(VARIANTS))
+    _results.write(path, data)
     return 0
 
 

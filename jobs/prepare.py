@@ -30,12 +30,12 @@ def step(spark, cfg, paths, run) -> dict:
         selector_top_fraction=cfg.prepare.selector_top_fraction,
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
-        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca)
+        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets)
     model = pipeline.fit(train)
     run.save_model(model, "prepare")
     prepared = prep.prepared_training_data(model, train, key)
     prepared_ref = run.write(prepared.repartition(4), "train_prepared")
-    rows_train = train.count() if spec.task == "regression" else None
+    rows_train = train.count() if prep.sampler_of(model) is None else None
     train.unpersist()
 
     report = prep.prepare_report(model, rows_train)
@@ -58,8 +58,9 @@ def step(spark, cfg, paths, run) -> dict:
     layout = prep.embedding_layout(model)
     if layout:
         report["embedding_layout"] = layout
-        print(f"[prepare] embeddings for {len(layout['categorical'])} categorical columns, values + 1 "
-              f"(unseen/null) each: " + ", ".join(f"{c} {n}" for c, n in zip(layout["categorical"],
+        bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
+        print(f"[prepare] embeddings for {len(layout['categorical']) - bins} categorical columns and {bins} "
+              f"numbers' quantile bins; indices (values + 1 for unseen/null): " + ", ".join(f"{c} {n}" for c, n in zip(layout["categorical"],
                                                                             layout["cardinalities"])), flush=True)
     if "pca_k" in report:
         total = report["pca_explained_variance_total"]

@@ -17,6 +17,7 @@ from sparkdeep import lineage, model_store, tracking
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines import train as tr
 from sparkdeep.pipelines.evaluate import classes_of
+from sparkdeep.pipelines.prepare import network_layout
 from sparkdeep.runs import StepRun
 
 from sparkdeep.jobs._common import main_for
@@ -50,7 +51,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
     checkpoint_run = checkpoint_key(cfg, fingerprint)
-    layout = embedding_layout(prepare_model, train)
+    layout = network_layout(prepare_model, train)
     estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                    checkpoint_dir=paths.checkpoints, layout=layout)
     keras_model = estimator.fit(train)
@@ -75,20 +76,6 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
               "training_inputs": summary["training_inputs"]}
     return (tr.scoring_pipeline(prepare_model, keras_model, classes),
             baseline, report)
-
-
-def embedding_layout(prepare_model: PipelineModel, train) -> dict | None:
-    """The tabular network's input layout from the fitted prepare model and the width of the
-    prepared vectors (None for a one-hot prepare model: the plain MLP)."""
-    from sparkdeep.pipelines.prepare import FEATURES, embedding_layout as layout_of
-    layout = layout_of(prepare_model)
-    if layout is None:
-        return None
-    first = train.select(FEATURES).first()
-    if first is None:
-        raise ValueError("train_prepared is empty: nothing to train on")
-    layout["numeric_dim"] = first[0].size - len(layout["cardinalities"])
-    return layout
 
 
 def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:

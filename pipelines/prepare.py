@@ -10,8 +10,8 @@ only) and the univariate test (ANOVA F for classes, F-regression for a number).
 from __future__ import annotations
 
 from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.feature import (Imputer, OneHotEncoder, StandardScaler, StringIndexer, StringIndexerModel,
-                                VectorAssembler)
+from pyspark.ml.feature import (Bucketizer, Imputer, OneHotEncoder, QuantileDiscretizer, StandardScaler,
+                                StringIndexer, StringIndexerModel, VectorAssembler)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -41,19 +41,23 @@ NUMERIC = "numeric_scaled"
 def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majority_ratio: float,
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
                            pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
-                           pca: bool = True) -> Pipeline:
-    """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``. The
-    sampler decides membership by the row ``key`` alone, so a column added to the source
+                           pca: bool = True, numeric_buckets: int = 0) -> Pipeline:
+    """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``.
+    ``majority_ratio=0`` keeps every row (no class-balance sampler). The sampler decides membership by the row ``key`` alone, so a column added to the source
     later does not change the sample.
 
     ``encoding='onehot'``: categories one-hot, assembled with the imputed numbers, the
-    selectors on the whole vector, then (``pca``) PCA: ``features`` is a dense projection.
+    selectors on the whole vector, then PCA (``pca``) or standardisation: ``features`` is
+    dense.
 
     ``encoding='embedding'`` (for the tabular network): the selectors (and ``pca``) act on
     the numeric block only, which is then standardised; ``features`` is ``[numbers...,
     one category index per categorical column]`` for the network's embedding layers. An
     unseen or null category gets index = its column's number of values (StringIndexer's
-    ``'keep'`` bucket). :func:`embedding_layout` reads the layout back from the fitted model.
+    ``'keep'`` bucket). ``numeric_buckets > 0`` adds, per numeric column, its quantile bin
+    (``QuantileDiscretizer``) as one more index for an embedding: a step function of each
+    number the network can learn directly, as trees do. :func:`embedding_layout` reads the
+    layout back from the fitted model.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
@@ -65,7 +69,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     imp = [f"{c}__imp" for c in numeric]
     classify = task != "regression"
     stages = []
-    if classify:
+    if classify and majority_ratio:  # 0: no rebalancing, every row with weight 1
         stages.append(ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio,
                                           seed=seed, keyCols=[key]))
     if categorical:
@@ -77,7 +81,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     if numeric:
         stages.append(Imputer(inputCols=numeric, outputCols=imp, strategy="median"))
 
-    def reduce(source: str, last: str, scale: bool) -> list:
+    def reduce(source: str, last: str) -> list:
         out = [
             VarianceSelector(featuresCol=source, outputCol="varying", varianceThreshold=0.0),
             UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
@@ -90,22 +94,27 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
             # pca_k is a maximum: a table with fewer features after selection keeps them all.
             out.append(CenteredPCA(inputCol="selected", outputCol=last, k=pca_k, varianceTarget=pca_variance_target,
                                    scale=True, kAtMost=True))
-        elif scale:
-            out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
         else:
-            out.append(VectorAssembler(inputCols=["selected"], outputCol=last))
+            # A network needs standardised inputs: raw numbers (a year, a pressure in hPa)
+            # next to 0/1 columns stall training (measured: AUC 0.51 on the flights).
+            out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
         return out
 
     if encoding == "onehot":
         stages.append(VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))
-        stages += reduce("assembled", FEATURES, scale=False)
+        stages += reduce("assembled", FEATURES)
         return Pipeline(stages=stages)
     inputs = []
     if numeric:
         stages.append(VectorAssembler(inputCols=imp, outputCol="numeric", handleInvalid="error"))
-        stages += reduce("numeric", NUMERIC, scale=True)
+        stages += reduce("numeric", NUMERIC)
         inputs.append(NUMERIC)
-    stages.append(VectorAssembler(inputCols=inputs + idx, outputCol=FEATURES, handleInvalid="error"))
+    bins = []
+    if numeric and numeric_buckets:
+        bins = [f"{c}__bin" for c in numeric]
+        stages.append(QuantileDiscretizer(inputCols=imp, outputCols=bins, numBuckets=int(numeric_buckets),
+                                          handleInvalid="keep", relativeError=0.001))
+    stages.append(VectorAssembler(inputCols=inputs + idx + bins, outputCol=FEATURES, handleInvalid="error"))
     return Pipeline(stages=stages)
 
 
@@ -118,11 +127,15 @@ def embedding_layout(model: PipelineModel, numeric_dim: int | None = None) -> di
                      None)
     if assembler is None:
         return None
-    indexer = next((s for s in model.stages if isinstance(s, StringIndexerModel)), None)
     cards = {}
-    if indexer is not None:
-        for col, out, labels in zip(indexer.getInputCols(), indexer.getOutputCols(), indexer.labelsArray):
-            cards[out] = (col, len(labels) + 1)
+    for stage in model.stages:
+        if isinstance(stage, StringIndexerModel):
+            for col, out, labels in zip(stage.getInputCols(), stage.getOutputCols(), stage.labelsArray):
+                cards[out] = (col, len(labels) + 1)
+        elif isinstance(stage, Bucketizer) and stage.isSet("splitsArray"):
+            # Quantile bins of the imputed numbers (+1: 'keep' puts NaN in a bucket of its own).
+            for col, out, splits in zip(stage.getInputCols(), stage.getOutputCols(), stage.getSplitsArray()):
+                cards[out] = (f"{col.removesuffix('__imp')} (bins)", len(splits))
     used = [c for c in assembler.getInputCols() if c in cards]
     if not used and NUMERIC not in assembler.getInputCols():
         return None  # one-hot encoding without PCA: the assembler just renames the selected vector
@@ -132,8 +145,21 @@ def embedding_layout(model: PipelineModel, numeric_dim: int | None = None) -> di
     return layout
 
 
+def network_layout(model: PipelineModel, prepared: DataFrame) -> dict | None:
+    """:func:`embedding_layout` with ``numeric_dim`` read from the width of ``prepared``'s
+    feature vectors (None for a one-hot prepare model: the plain MLP)."""
+    layout = embedding_layout(model)
+    if layout is None:
+        return None
+    first = prepared.select(FEATURES).first()
+    if first is None:
+        raise ValueError("the prepared training table is empty: nothing to train on")
+    layout["numeric_dim"] = len(first[0]) - len(layout["cardinalities"])
+    return layout
+
+
 def sampler_of(model: PipelineModel) -> ClassBalanceSamplerModel | None:
-    """The fitted class-balance sampler (None for regression, which is not rebalanced)."""
+    """The fitted class-balance sampler (None when not rebalanced: regression, or majority_ratio 0)."""
     for stage in model.stages:
         if isinstance(stage, ClassBalanceSamplerModel):
             return stage
@@ -162,7 +188,7 @@ def prepare_report(model: PipelineModel, rows_train: int | None = None) -> dict:
     PCA's explained variance."""
     sampler = sampler_of(model)
     summary = sampler.summary if sampler is not None else {
-        "stage": None, "rows_in": rows_train, "rows_out": rows_train, "note": "regression: not rebalanced"}
+        "stage": None, "rows_in": rows_train, "rows_out": rows_train, "note": "not rebalanced (regression, or prepare.majority_ratio 0)"}
     out: dict = {"sampler": summary, "selection": []}
     for stage in model.stages:
         if isinstance(stage, SelectorModel):

@@ -382,8 +382,9 @@ def _cell(value) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
 
 
-_BASELINE_NOTE = ("The network trains on the prepared (rebalanced, selected, reduced) features; every other "
-                  "model is an MLlib baseline fitted on every assembled feature of every training row: what a "
+_BASELINE_NOTE = ("The network trains on the prepare step's output (by default embedded categories and "
+                  "quantile bins beside the standardised numbers; rebalanced, selected or projected when the "
+                  "config says so); every other model is an MLlib baseline fitted on every assembled feature of every training row: what a "
                   "user would fit instead. Fit time: the network's whole Horovod fit (launch included), each "
                   "baseline's MLlib fit.")
 

@@ -71,6 +71,7 @@ class PrepareConfig:
     pca_variance_target: float
     encoding: str           # embedding (categories -> the network's embeddings) or onehot
     pca: bool               # project the (numeric, for embedding) selected block with PCA
+    numeric_buckets: int    # embedding: also each number's quantile bin as an embedded index (0 = off)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,12 +147,13 @@ class Config:
             ("output_dir", bool(self.output_dir.strip())),
             ("data.sample_fraction", 0 < self.data.sample_fraction <= 1),
             ("prepare.holdout_fraction", 0 < self.prepare.holdout_fraction < 1),
-            ("prepare.majority_ratio", self.prepare.majority_ratio > 0),
+            ("prepare.majority_ratio", self.prepare.majority_ratio >= 0),
             ("prepare.selector_top_fraction", 0 < self.prepare.selector_top_fraction <= 1),
             ("prepare.max_correlation", 0 < self.prepare.max_correlation <= 1),
             ("prepare.pca_k", self.prepare.pca_k >= 0),
             ("prepare.pca_variance_target", 0 < self.prepare.pca_variance_target <= 1),
             ("prepare.encoding", self.prepare.encoding in ("embedding", "onehot")),
+            ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
             ("train.normalization", self.train.normalization in ("layer", "batch", "none")),
             ("train.lr_schedule", self.train.lr_schedule in ("constant", "cosine")),
             ("train.num_proc", self.train.num_proc >= 1),

@@ -234,7 +234,7 @@ def test_the_run_leaves_an_html_report_and_an_mlflow_run(full_run, tmp_path):
         assert name in text, name
     if _browser.available():
         imgs = _browser.images(str(page))
-        assert len(imgs) >= 11  # ROC, PR, 2 confusion, calibration, learning, balance, 3 selectors, PCA, timings
+        assert len(imgs) >= 11  # ROC, PR, 4 confusion, calibration, learning, 3 selectors, timings
         assert all(i["complete"] and i["width"] > 100 for i in imgs), imgs
     else:
         pytest.skip("Debian chromium + chromium-driver not installed")

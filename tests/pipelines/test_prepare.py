@@ -103,6 +103,17 @@ def test_embedding_encoding_gives_standardised_numbers_then_category_indices(spa
     rows = {r["id"]: r[prep.FEATURES].toArray() for r in model.transform(new).collect()}
     assert rows[1000][2] == 3.0 and rows[1001][2] == 3.0 and rows[1001][3] == 2.0
     assert np.isfinite(rows[1001]).all()
+    # Quantile bins of each number: one more embedded index per numeric column.
+    binned = prep.build_prepare_pipeline(task="binary", categorical=["colour", "size"], numeric=["x1", "x2"],
+                                         key="id", majority_ratio=1.0, selector_top_fraction=1.0, pca_k=0,
+                                         max_correlation=1.0, seed=1, encoding="embedding", pca=False,
+                                         numeric_buckets=4).fit(df)
+    layout = prep.network_layout(binned, prep.prepared_training_data(binned, df, "id"))
+    assert layout == {"categorical": ["colour", "size", "x1 (bins)", "x2 (bins)"],
+                      "cardinalities": [4, 3, 5, 5], "numeric_dim": 2}
+    b = np.array([r[0].toArray() for r in binned.transform(df).select(prep.FEATURES).collect()])
+    assert b.shape[1] == 2 + 2 + 2 and set(b[:, 4]) == {0.0, 1.0, 2.0, 3.0}
+    assert np.corrcoef(b[:, 4], pdf["x1"])[0, 1] > 0.9  # the bins follow the number
     # The one-hot encoding has no such layout.
     onehot = prep.build_prepare_pipeline(task="binary", categorical=["colour"], numeric=["x1"], key="id",
                                          majority_ratio=1.0, selector_top_fraction=1.0, pca_k=1, seed=1).fit(df)
