@@ -33,6 +33,7 @@ def step(spark, cfg, paths, run) -> dict:
     tasks.gate_metric(cfg.gate.metric, task)  # a gate metric the task lacks fails now, not after the report
     classes = ev.classes_of(keras_pred)
     reports = {s: run.report_of(s) or {} for s in STEPS}
+    baseline_pred = baseline_pred.cache()  # read once for every baseline's metrics and plots
     names = reports["score"].get("baselines") or sorted(
         r[0] for r in baseline_pred.select(ev.MODEL).distinct().collect())
     predictions = {KERAS: keras_pred, **{n: baseline_pred.where(F.col(ev.MODEL) == n) for n in names}}
@@ -68,6 +69,7 @@ def step(spark, cfg, paths, run) -> dict:
     print(f"[evaluate] quality gate passed ({gate['metric']}={gate['value']:.4f}); " +
           (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
            "the models evaluated are not this run's own: nothing promoted"), flush=True)
+    baseline_pred.unpersist()
     return result
 
 
