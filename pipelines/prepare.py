@@ -96,7 +96,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
                                    scale=True, kAtMost=True))
         else:
             # A network needs standardised inputs: raw numbers (a year, a pressure in hPa)
-            # next to 0/1 columns stall training (measured: AUC 0.51 on the flights).
+            # next to 0/1 columns stall training (measured: AUC 0.51; bench/RESULTS.md).
             out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
         return out
 
