@@ -118,11 +118,10 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     return Pipeline(stages=stages)
 
 
-def embedding_layout(model: PipelineModel, numeric_dim: int | None = None) -> dict | None:
+def embedding_layout(model: PipelineModel) -> dict | None:
     """The network's input layout of a fitted embedding-encoded prepare model (None for a
     one-hot one): ``categorical`` (column names), ``cardinalities`` (values + 1 for the
-    unseen/null bucket, per column) and ``numeric_dim`` when given (the vector's width
-    minus the categorical columns)."""
+    unseen/null bucket, per column); :func:`network_layout` adds ``numeric_dim``."""
     assembler = next((s for s in model.stages if isinstance(s, VectorAssembler) and s.getOutputCol() == FEATURES),
                      None)
     if assembler is None:
@@ -137,12 +136,7 @@ def embedding_layout(model: PipelineModel, numeric_dim: int | None = None) -> di
             for col, out, splits in zip(stage.getInputCols(), stage.getOutputCols(), stage.getSplitsArray()):
                 cards[out] = (f"{col.removesuffix('__imp')} (bins)", len(splits))
     used = [c for c in assembler.getInputCols() if c in cards]
-    if not used and NUMERIC not in assembler.getInputCols():
-        return None  # one-hot encoding without PCA: the assembler just renames the selected vector
-    layout = {"categorical": [cards[c][0] for c in used], "cardinalities": [cards[c][1] for c in used]}
-    if numeric_dim is not None:
-        layout["numeric_dim"] = int(numeric_dim)
-    return layout
+    return {"categorical": [cards[c][0] for c in used], "cardinalities": [cards[c][1] for c in used]}
 
 
 def network_layout(model: PipelineModel, prepared: DataFrame) -> dict | None:
