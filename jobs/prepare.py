@@ -15,11 +15,20 @@ def step(spark, cfg, paths, run) -> dict:
     table = run.read(spark, spec.table)
     categorical, numeric = prep.feature_columns(table, key)
     train, holdout = prep.split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
-    if holdout.limit(1).count() == 0:  # before any write or fit: evaluate would fail on it much later
-        raise ValueError(f"the holdout is empty: {table.count()} usable rows in {spec.table!r} and "
-                         f"prepare.holdout_fraction {cfg.prepare.holdout_fraction}; use more rows (is "
-                         f"data.sample_fraction {cfg.data.sample_fraction} too small for this table?) or a "
-                         "larger holdout_fraction")
+    # Before any write or fit: an empty split, or a column no stage can learn from, is named
+    # here, not minutes later deep in a fit or in evaluate.
+    profile = prep.column_profile(train, categorical, numeric)
+    for part, empty in (("holdout", holdout.limit(1).count() == 0), ("training split", profile["rows"] == 0)):
+        if empty:
+            raise ValueError(f"the {part} is empty: {table.count()} usable rows in {spec.table!r} and "
+                             f"prepare.holdout_fraction {cfg.prepare.holdout_fraction}; use more rows (is "
+                             f"data.sample_fraction {cfg.data.sample_fraction} too small for this table?) or "
+                             "another holdout_fraction")
+    categorical, numeric, left_out = prep.usable_features(profile, categorical, numeric, where=spec.file)
+    for c, why in left_out.items():
+        print(f"[prepare] left out {c!r}: {why}", flush=True)
+    if not categorical and not numeric:
+        raise ValueError(f"no usable feature column in {spec.table!r}: every one is left out ({left_out})")
     train_ref = run.write(train, "train")
     holdout_ref = run.write(holdout, "holdout")
     train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
@@ -35,7 +44,7 @@ def step(spark, cfg, paths, run) -> dict:
     run.save_model(model, "prepare")
     prepared = prep.prepared_training_data(model, train, key)
     prepared_ref = run.write(prepared.repartition(4), "train_prepared")
-    rows_train = train.count() if prep.sampler_of(model) is None else None
+    rows_train = profile["rows"] if prep.sampler_of(model) is None else None
     train.unpersist()
 
     report = prep.prepare_report(model, rows_train)
@@ -48,13 +57,15 @@ def step(spark, cfg, paths, run) -> dict:
                    "train": train_ref.as_dict(), "holdout": holdout_ref.as_dict(),
                    "train_prepared": prepared_ref.as_dict()},
     })
-    print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} after rebalancing; "
-          f"holdout {report['rows_holdout']}", flush=True)
+    how = "after rebalancing" if s.get("stage") else "(not rebalanced)"
+    print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} {how}; holdout {report['rows_holdout']}",
+          flush=True)
     for sel in report["selection"]:
         names = sel["selected_names"]
         print(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
               f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})", flush=True)
     report["encoding"] = cfg.prepare.encoding
+    report["left_out"] = left_out
     layout = prep.embedding_layout(model)
     if layout:
         report["embedding_layout"] = layout

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkdeep.dataset import DERIVED_KEY, LABEL, RESERVED, DatasetSpec
+from sparkdeep.dataset import DERIVED_KEY, LABEL, DatasetSpec, reserved
 
 CORRUPT = "_corrupt_record"
 MAX_CLASSES = 1000
@@ -238,7 +238,7 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
         else:
             left_out[c] = "not listed in features.categorical or features.numeric"
     for c in (*inferred_cat, *num, *cat):
-        if c in RESERVED or c.endswith(("__idx", "__ohe", "__imp")):
+        if reserved(c):
             raise SourceError(f"source column {c!r} has a name the pipeline uses itself; add it to "
                               f"features.exclude in {spec.file} or rename it")
     if inferred_cat:

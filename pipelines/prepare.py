@@ -33,6 +33,45 @@ def feature_columns(df: DataFrame, key: str) -> tuple[list[str], list[str]]:
     return cat, num
 
 
+def column_profile(train: DataFrame, categorical, numeric) -> dict:
+    """One aggregation over the training rows: ``rows``, and per feature column ``values``
+    (non-null, non-NaN) plus, for a number, its ``min`` and ``max``."""
+    cols = [*categorical, *numeric]
+    aggs = [F.count(F.lit(1)).alias("rows")]
+    for i, c in enumerate(cols):
+        col = F.col(f"`{c}`")
+        if c in numeric:
+            col = F.when(~F.isnan(col), col)
+            aggs += [F.min(col).alias(f"min{i}"), F.max(col).alias(f"max{i}")]
+        aggs.append(F.count(col).alias(f"n{i}"))
+    row = train.agg(*aggs).first()
+    out = {"rows": int(row["rows"]), "columns": {}}
+    for i, c in enumerate(cols):
+        out["columns"][c] = {"values": int(row[f"n{i}"])}
+        if c in numeric:
+            out["columns"][c].update(min=row[f"min{i}"], max=row[f"max{i}"])
+    return out
+
+
+def usable_features(profile: dict, categorical, numeric, where: str = "") -> tuple[list[str], list[str], dict]:
+    """(categorical, numeric, left_out) for the prepare pipeline from :func:`column_profile`.
+
+    A column null (or NaN) in every training row is an error naming it: no stage can learn
+    anything from it (the imputer has no median, the indexer no category). A number with
+    one value in every training row is left out, with the reason: it carries nothing, and
+    left in it would give the embedding encoding an empty numeric block when every number
+    is constant."""
+    rows, cols = profile["rows"], profile["columns"]
+    empty = [c for c in (*categorical, *numeric) if cols[c]["values"] == 0]
+    if empty:
+        raise ValueError(f"feature column(s) {empty} are null{' or NaN' if set(empty) & set(numeric) else ''} in "
+                         f"every one of the {rows} training rows: nothing to learn from; add them to "
+                         f"features.exclude{f' in {where}' if where else ''}")
+    left_out = {c: f"one value ({cols[c]['min']!r}) in every non-null training row" for c in numeric
+                if cols[c]["min"] == cols[c]["max"]}
+    return list(categorical), [c for c in numeric if c not in left_out], left_out
+
+
 ENCODINGS = ("embedding", "onehot")
 #: The embedding layout's standardised numeric block (then the category indices).
 NUMERIC = "numeric_scaled"

@@ -55,7 +55,16 @@ DERIVED_KEY = "row_id"
 LABEL = "label"
 #: Columns the pipeline creates; a source column may not take these names.
 RESERVED = ("label", "features", "sample_weight", "prediction", "probability", "rawPrediction",
-            "assembled", "varying", "informative", "selected", "reason", "raw_record", "_corrupt_record")
+            "assembled", "varying", "informative", "selected", "numeric", "numeric_scaled", "reason",
+            "raw_record", "_corrupt_record")
+#: Suffixes of the columns the stages derive from a source column (index, one-hot, imputed,
+#: quantile bin) and of the baselines' outputs (``<model>__prediction`` ...).
+RESERVED_SUFFIXES = ("__idx", "__ohe", "__imp", "__bin", "__prediction", "__probability", "__raw")
+
+
+def reserved(column: str) -> bool:
+    """Whether ``column`` is a name the pipeline creates itself (a source column may not take it)."""
+    return column in RESERVED or column.endswith(RESERVED_SUFFIXES)
 #: Builtin loaders must live in this package: a spec names code only the project ships.
 BUILTIN_PREFIX = "sparkdeep."
 
@@ -319,7 +328,7 @@ def validate(spec: DatasetSpec) -> None:
         for c in cols:
             if c in (lab.column, spec.key):
                 bad(key, f"lists {c!r}, which is the {'label' if c == lab.column else 'key'} column")
-            if c in RESERVED or c.endswith(("__idx", "__ohe", "__imp")):
+            if reserved(c):
                 bad(key, f"column {c!r} has a name the pipeline uses itself; rename it in the source or a view")
     both = sorted(set(cat) & set(num))
     if both:
@@ -327,11 +336,12 @@ def validate(spec: DatasetSpec) -> None:
     excluded_declared = sorted(set(feats.exclude) & (set(cat) | set(num)))
     if excluded_declared:
         bad("features.exclude", f"{excluded_declared} are declared features too")
-    if spec.key in RESERVED and spec.key != "":
+    if spec.key != "" and reserved(spec.key):
         bad("key", f"{spec.key!r} is a name the pipeline uses itself")
     if spec.key == lab.column:
         bad("key", "the key column cannot be the label column")
 
 
 __all__ = ["DatasetSpec", "SourceSpec", "LabelSpec", "FeatureSpec", "SpecError", "load_spec", "spec_path",
-           "available", "validate", "DERIVED_KEY", "LABEL", "FORMATS"]
+           "available", "validate", "reserved", "DERIVED_KEY", "LABEL", "FORMATS", "RESERVED",
+           "RESERVED_SUFFIXES"]

@@ -84,7 +84,7 @@ def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: st
     tags.update({"code.package": str(cv.get("package")), "code.git_commit": str(cv.get("git_commit"))})
     mlflow_run = _run_for(client, exp, run_id, tags)
     params = {}
-    for section in ("data", "prepare", "train"):
+    for section in ("data", "prepare", "train", "baselines", "gate"):
         from sparkdeep.runs import config_dict
         _flat(section, config_dict(getattr(cfg, section)), params)
     params["seed"] = str(cfg.seed)

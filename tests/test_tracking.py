@@ -43,6 +43,7 @@ def test_train_and_evaluate_log_into_one_run_read_back_through_mlflow(repo_root,
     [run] = client.search_runs([exp.experiment_id], filter_string="tags.`sparkdeep.run_id` = 'run-a'")
     assert run.info.status == "FINISHED" and run.info.run_name == "run-a"
     assert run.data.params["train.epochs"] == "2" and run.data.params["data.sample_fraction"] == "0.03"
+    assert run.data.params["baselines.trees"] == "5" and run.data.params["gate.metric"] == cfg.gate.metric
     assert run.data.tags["delta.train_prepared.version"] == "3" and run.data.tags["delta.flights.version"] == "1"
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_auc")] == [(1, 0.58), (2, 0.67)]
     assert run.data.metrics["final_loss"] == pytest.approx(0.56)

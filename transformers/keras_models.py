@@ -73,7 +73,8 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     """The shared body: the input vector is ``[numeric_dim standardised numbers, one category
     index per categorical column]`` (the prepare pipeline's embedding layout). Each index
     column goes through its own ``Embedding`` (index ``cardinality - 1`` is the unseen/null
-    bucket StringIndexer's ``handleInvalid='keep'`` gives), concatenated with the numbers,
+    bucket StringIndexer's ``handleInvalid='keep'`` gives; its vector starts at zero),
+    concatenated with the numbers,
     then Dense -> normalisation -> ReLU -> dropout per hidden layer. Only built-in layers
     and ops: the saved ``.keras`` file loads in Keras safe mode.
 
@@ -99,8 +100,14 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     for i, card in enumerate(cards):
         # Indices arrive as floats; clip guards a bad index the way the bucket does an unseen value.
         idx = ops.cast(ops.clip(inputs[:, numeric_dim + i], 0, card - 1), "int32")
-        emb = keras.layers.Embedding(card, embedding_dim(card, embedding_cap), name=f"embedding_{i}")(idx)
-        parts.append(emb)
+        layer = keras.layers.Embedding(card, embedding_dim(card, embedding_cap), name=f"embedding_{i}")
+        parts.append(layer(idx))
+        # The unseen/null bucket starts at zero, the centre of the other rows' initial values.
+        # It is trained only where training rows are null; otherwise it gets no gradient and
+        # an unseen value scores as a neutral category instead of a random one.
+        table = keras.ops.convert_to_numpy(layer.embeddings)
+        table[-1] = 0.0
+        layer.embeddings.assign(table)
     x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="numeric_and_embeddings")(parts)
     for i, units in enumerate(hidden_units):
         x = keras.layers.Dense(int(units), use_bias=normalization == "none", name=f"dense_{i}")(x)

@@ -75,6 +75,10 @@ SCHEMA = "id BIGINT, x1 DOUBLE, x2 DOUBLE, colour STRING, count INT, churned STR
       "features": {"numeric": ["a"], "exclude": ["a"]}}, r"key 'features.exclude': \['a'\] are declared"),
     ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
       "features": {"numeric": ["features"]}}, r"column 'features' has a name the pipeline uses itself"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
+      "features": {"numeric": ["numeric_scaled"]}}, r"column 'numeric_scaled' has a name the pipeline uses itself"),
+    ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
+      "features": {"categorical": ["gbt__prediction"]}}, r"column 'gbt__prediction' has a name the pipeline"),
     ({"source": {"format": "parquet", "path": "p", "version": 3}, "label": {"column": "y", "task": "regression"}},
      r"key 'source.version': a pinned version is for format 'delta' only"),
     ({"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "binary", "negative": ["n"]}},
@@ -340,6 +344,18 @@ def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path
     assert not os.path.exists(tmp_path / "out" / "tables")
 
 
+@pytest.mark.parametrize("column", ["numeric", "numeric_scaled", "x__bin", "gbt__probability"])
+def test_an_inferred_feature_with_a_name_the_pipeline_makes_stops_ingest(spark, tmp_path, column):
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(20)).withColumnRenamed("x2", column).write.parquet(src)
+    spec = write_spec(tmp_path, "r", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "amount", "task": "regression"}})
+    with pytest.raises(SourceError, match=rf"source column '{column}' has a name the pipeline uses itself; add it "
+                                          r"to features.exclude in .*r\.yaml"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "tables")
+
+
 def test_an_empty_holdout_stops_prepare_before_it_writes(spark, tmp_path):
     from sparkdeep.jobs import prepare
     src = str(tmp_path / "src.parquet")
@@ -352,3 +368,43 @@ def test_an_empty_holdout_stops_prepare_before_it_writes(spark, tmp_path):
                                          r"0.01; .*data.sample_fraction 1.0"):
         run_step("prepare", prepare.step, spark, cfg, Paths.under(cfg.output_dir))
     assert not os.path.exists(tmp_path / "out" / "tables" / "train")
+
+
+def _prepare(spark, cfg):
+    from sparkdeep.jobs import prepare
+    return run_step("prepare", prepare.step, spark, cfg, Paths.under(cfg.output_dir))
+
+
+@pytest.mark.parametrize("column, cast", [("colour", "string"), ("x2", "double")])
+def test_a_feature_null_in_every_training_row_is_named_before_prepare_writes(spark, tmp_path, column, cast):
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(40)).withColumn(column, F.lit(None).cast(cast)).write.parquet(src)
+    spec = write_spec(tmp_path, "e", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "churned", "task": "binary", "positive": ["yes"]},
+                                      "features": {"exclude": ["band", "amount"]}})
+    cfg = config(spec, tmp_path / "out")
+    run_ingest(spark, cfg)
+    with pytest.raises(ValueError, match=rf"feature column\(s\) \['{column}'\] are null.* in every one of the \d+ "
+                                         r"training rows: nothing to learn from; add them to features.exclude in "
+                                         r".*e\.yaml"):
+        _prepare(spark, cfg)
+    assert not os.path.exists(tmp_path / "out" / "tables" / "train")
+
+
+def test_categories_with_only_constant_numbers_leave_the_numbers_out_and_prepare(spark, tmp_path):
+    """Embedding encoding: every number constant used to leave an empty numeric block that the
+    variance selector refused; now they are left out, reported, and the features are the indices."""
+    src = str(tmp_path / "src.parquet")
+    frame = table(60).assign(x1=2.0, x2=-1.0, count=7)
+    spark.createDataFrame(frame).write.parquet(src)
+    spec = write_spec(tmp_path, "c", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "churned", "task": "binary", "positive": ["yes"]},
+                                      "features": {"exclude": ["amount"]}})
+    cfg = config(spec, tmp_path / "out")
+    run_ingest(spark, cfg)
+    report = _prepare(spark, cfg)
+    assert set(report["left_out"]) == {"x1", "x2", "count"}
+    assert "one value (2.0)" in report["left_out"]["x1"]
+    assert report["embedding_layout"]["categorical"] == ["colour", "band"]
+    prepared = delta_io.read(spark, str(tmp_path / "out" / "tables" / "train_prepared"))
+    assert {len(r["features"]) for r in prepared.select("features").collect()} == {2}

@@ -240,3 +240,21 @@ def test_learning_rate_ramps_then_stays_or_decays_by_cosine(cancer):
     assert cos[3] == pytest.approx(0.0001) and cos[4] == pytest.approx(0.0001)  # floor: 5%
     with pytest.raises(ValueError, match="lrSchedule must be 'constant' or 'cosine'"):
         KerasHorovodEstimator(lrSchedule="linear").fit(cancer)
+
+
+def test_tabular_network_starts_the_unseen_bucket_at_zero_and_clips_bad_indices():
+    """Index cardinality-1 (unseen or null) is a zero vector until a null trains it, so an
+    unseen category scores like a neutral one, not a random draw; an index past the table
+    (a corrupt value) is clipped into that bucket instead of failing."""
+    import keras
+
+    from sparkdeep.transformers.keras_models import tabular_binary_classifier
+    keras.utils.set_random_seed(3)
+    net = tabular_binary_classifier(input_dim=4, numeric_dim=2, cardinalities=[3, 40], hidden_units=(8,))
+    tables = {w.path: keras.ops.convert_to_numpy(w) for w in net.weights if "embedding" in w.path}
+    assert len(tables) == 2
+    for table in tables.values():
+        assert not table[-1].any() and np.abs(table[:-1]).sum() > 0
+    x = np.array([[0.1, -0.2, 2.0, 39.0], [0.1, -0.2, 7.0, 1e6]], dtype="float32")
+    out = net.predict(x, verbose=0)
+    assert out[0] == pytest.approx(out[1])
