@@ -24,8 +24,11 @@ run: setup
 	done; \
 	echo "[run] run $(RUN_ID): all steps done in $$(( $$(date +%s) - start ))s; tables, models, reports and runs/$(RUN_ID)/manifest.json under the output folder (default ./output)"
 
+# Two workers, one test module each at a time (--dist loadfile keeps a module's shared
+# fixtures in one process); TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"

@@ -53,7 +53,10 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     checkpoint_run = checkpoint_key(cfg, fingerprint)
     layout = network_layout(prepare_model, train)
     estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
-                                   checkpoint_dir=paths.checkpoints, layout=layout)
+                                   checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"])
+    if not t.batch_size:
+        print(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
+              f"(train.batch_size 0)", flush=True)
     keras_model = estimator.fit(train)
     tr.check_finite(keras_model)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
@@ -70,7 +73,8 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     print("[train] baselines on every assembled feature of every training row, fit time: " +
           ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()), flush=True)
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
-              "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout},
+              "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout,
+                          "batch_size": estimator.getBatchSize()},
               "classes": classes, "checkpoint_run": checkpoint_run, "keras": summary,
               "baselines": {"fit_s": fit_s, "trees": b.trees, "depth": b.depth, "max_iter": b.max_iter},
               "training_inputs": summary["training_inputs"]}

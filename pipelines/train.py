@@ -24,15 +24,37 @@ DEFAULT_METRICS = {"binary": ("auc", "accuracy"), "multiclass": ("accuracy",), "
 PREDICTED_CLASS = "predicted_class"
 
 
+#: ``train.batch_size: 0``: the largest power of two giving each rank at least this many
+#: updates per epoch, within [AUTO_BATCH_MIN, AUTO_BATCH_MAX].
+AUTO_BATCH_STEPS, AUTO_BATCH_MIN, AUTO_BATCH_MAX = 64, 32, 1024
+
+
+def auto_batch_size(rows: int, num_proc: int, validation_fraction: float) -> int:
+    """The per-rank batch for ``rows`` training rows: a fixed batch of 1024 gives a 43k-row
+    table about 20 updates an epoch, too few to converge in 8 epochs (bench/RESULTS.md);
+    a small batch on a large table only costs speed."""
+    per_rank = rows * (1.0 - validation_fraction) / max(int(num_proc), 1)
+    batch = AUTO_BATCH_MIN
+    while batch * 2 <= min(per_rank / AUTO_BATCH_STEPS, AUTO_BATCH_MAX):
+        batch *= 2
+    return batch
+
+
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
                     checkpoint_dir: str = "", staging_dir: str = "",
-                    layout: dict | None = None) -> KerasHorovodEstimator:
+                    layout: dict | None = None, rows: int | None = None) -> KerasHorovodEstimator:
     """The estimator the train step uses, from the ``train`` section of the config.
 
     ``layout`` (``prepare.embedding_layout`` of an embedding-encoded prepare model, with
     ``numeric_dim``) picks the tabular network: one embedding per categorical column, the
-    numbers beside them; without it, the MLP on the prepared vector."""
+    numbers beside them; without it, the MLP on the prepared vector. ``train.batch_size: 0``
+    takes the batch from ``rows`` (:func:`auto_batch_size`)."""
     t = train_cfg
+    batch = t.batch_size
+    if not batch:
+        if rows is None:
+            raise ValueError("train.batch_size 0 (from the row count) needs the training row count")
+        batch = auto_batch_size(rows, t.num_proc, t.validation_fraction)
     args = {"hidden_units": list(t.hidden_units), "dropout": t.dropout}
     builder = ""
     if layout is not None:
@@ -46,7 +68,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
     return KerasHorovodEstimator(
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
         loss=t.loss or DEFAULT_LOSS[task], modelArgs=args, modelBuilder=builder,
-        numProc=t.num_proc, epochs=t.epochs, batchSize=t.batch_size, learningRate=t.learning_rate,
+        numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate,
         metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,

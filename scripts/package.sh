@@ -9,6 +9,10 @@ cd "$ROOT"
 VPY=${VPY:-$ROOT/.venv/bin/python}
 version=$("$VPY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
 zip=dist/sparkdeep-$version.zip
+# One build at a time (parallel test workers, two submits at once): the others wait, then reuse it.
+mkdir -p dist
+exec 9>dist/.build.lock
+flock 9
 newer=$( [[ -f $zip ]] && find sparkdeep jobs pipelines transformers pyproject.toml -newer "$zip" -name '*.py' -o -newer "$zip" -name pyproject.toml | head -1 || echo rebuild)
 if [[ -n $newer ]]; then
   rm -rf build dist/sparkdeep-"$version"*

@@ -158,7 +158,7 @@ class Config:
             ("train.lr_schedule", self.train.lr_schedule in ("constant", "cosine")),
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
-            ("train.batch_size", self.train.batch_size >= 1),
+            ("train.batch_size", self.train.batch_size >= 0),
             ("train.hidden_units", bool(self.train.hidden_units) and min(self.train.hidden_units) >= 1),
             ("train.metrics", all(m.lower() in metric_names for m in self.train.metrics)),
             ("train.loss", loss_ok),
@@ -183,6 +183,7 @@ class Config:
         ]
         allowed = {"output_dir": "a folder (an empty one would mean the current directory)",
                    "train.hidden_units": "one or more layer widths, each >= 1",
+                   "train.batch_size": "rows per rank per step, or 0 to choose it from the training row count",
                    "train.metrics": (f"{task} metric names from {sorted(metric_names)}" if task else
                                      f"metric names from {sorted(metric_names)}"),
                    "train.loss": ("'' (the task's default) or a loss for a " + (task or "supported") +

@@ -21,3 +21,33 @@ def test_a_network_with_nan_weights_fails_the_gate():
     nan_model = KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(net), trainingSummary={"history": history})
     with pytest.raises(QualityGateError, match=r"weights not finite: .*kernel \(12 of 12 values\)"):
         check_finite(nan_model)
+
+
+@pytest.mark.parametrize("rows, num_proc, expected", [
+    (235_000, 2, 1024),  # the flights' training rows: capped
+    (43_000, 2, 256),    # diamonds: 38.7k per rank after validation / 64 = 302 -> 256
+    (43_000, 1, 512),
+    (3_000, 2, 16 * 2),  # a tiny table: the floor, 32
+    (0, 2, 32),
+])
+def test_batch_size_zero_is_chosen_from_the_row_count(rows, num_proc, expected):
+    from sparkdeep.pipelines.train import auto_batch_size
+    batch = auto_batch_size(rows, num_proc, 0.1)
+    assert batch == expected
+    if 32 < batch < 1024:  # at least 64 updates per rank per epoch, and not twice the batch
+        per_rank = rows * 0.9 / num_proc
+        assert per_rank / batch >= 64 > per_rank / (2 * batch)
+
+
+def test_the_estimator_takes_an_explicit_batch_or_one_from_the_rows(repo_root):
+    import os
+
+    from sparkdeep.config import load_config
+    from sparkdeep.pipelines.train import keras_estimator
+    base = load_config(os.path.join(repo_root, "conf"), env="local")
+    assert base.train.batch_size == 0
+    assert keras_estimator(base.train, task="binary", seed=1, rows=43_000).getBatchSize() == 256
+    with pytest.raises(ValueError, match="needs the training row count"):
+        keras_estimator(base.train, task="binary", seed=1)
+    ci = load_config(os.path.join(repo_root, "conf"), env="ci")
+    assert keras_estimator(ci.train, task="binary", seed=1, rows=43_000).getBatchSize() == ci.train.batch_size == 128
