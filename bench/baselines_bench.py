@@ -49,13 +49,15 @@ def main(argv=None) -> int:
     holdout = delta_io.read(spark, os.path.join(out, "tables", "holdout")).cache()
     prepare_model = model_store.load_pipeline(spark, latest["models"]["prepare"]["path"])
     names = tuple(n for n in args.models.split(",") if n) or None
-    fitted = bl.fit_baselines(train, prepare_model, task, seed=cfg.seed, names=names, trees=args.trees,
-                              depth=args.depth)
+    model, fit_s = bl.fit_pipeline(train, prepare_model, task, seed=cfg.seed, names=names, trees=args.trees,
+                                   depth=args.depth)
     rows = {"keras_horovod (run)": {**report["metrics"]["keras_horovod"],
                                     "fit_s": report.get("fit_s", {}).get("keras_horovod")}}
-    for name, (model, fit_s) in fitted.items():
-        scored = ev.predictions_frame(model.transform(holdout), name, key=key, task=task, classes=classes)
-        rows[f"{name} (full features)"] = {**ev.task_metrics(scored.cache(), task, classes), "fit_s": fit_s}
+    all_scored = model.transform(holdout).cache()
+    for name in bl.names_in(model):
+        scored = ev.predictions_frame(bl.model_frame(all_scored, name, task), name, key=key, task=task,
+                                      classes=classes)
+        rows[f"{name} (full features)"] = {**ev.task_metrics(scored.cache(), task, classes), "fit_s": fit_s[name]}
     metric = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}[task]
     print(f"\n{dataset.get('name')} ({task}): {train.count()} training rows, {holdout.count()} held out")
     print(f"| model | {metric} | fit s |\n| --- | --- | --- |")

@@ -142,23 +142,3 @@ def model_frame(scored: DataFrame, name: str, task: str) -> DataFrame:
         out = out.withColumn("probability", F.col(name + PROBABILITY)) \
                  .withColumn("rawPrediction", F.col(name + RAW))
     return out
-
-
-def fit_baselines(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
-                  names: tuple[str, ...] | None = None, trees: int = 50,
-                  depth: int = 6) -> dict[str, tuple[PipelineModel, float]]:
-    """{name: (front + fitted model as one PipelineModel, fit seconds)} on every row of
-    ``train`` (the training table as ingested, not the rebalanced sample)."""
-    names = tuple(names) if names else BASELINES[task]
-    front = assembly_front(prepare_model, train)
-    assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
-    try:
-        assembled.count()  # the encoding is shared by the candidates, not timed against one
-        out = {}
-        for name in names:
-            t0 = time.perf_counter()
-            model = estimator(name, task, seed=seed, trees=trees, depth=depth).fit(assembled)
-            out[name] = (PipelineModel(list(front.stages) + [model]), time.perf_counter() - t0)
-        return out
-    finally:
-        assembled.unpersist()

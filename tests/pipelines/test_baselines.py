@@ -29,7 +29,21 @@ def fitted(spark, task, names=None):
     cat, num = prep.feature_columns(df, "id")
     model = prep.build_prepare_pipeline(task=task, categorical=cat, numeric=num, key="id", majority_ratio=1.0,
                                         selector_top_fraction=0.5, pca_k=1, seed=1).fit(df)
-    return df, model, bl.fit_baselines(df, model, task, seed=1, names=names, trees=5, depth=3)
+    return df, model, single_fits(df, model, task, names)
+
+
+def single_fits(df, prepare_model, task, names=None):
+    """{name: (front + that model alone, fit s)}: each baseline fitted on its own, the way a
+    user would, to hold the combined pipeline of the train step against."""
+    from pyspark.ml import PipelineModel
+    front = bl.assembly_front(prepare_model, df)
+    assembled = front.transform(df)
+    out = {}
+    for name in names or bl.BASELINES[task]:
+        fit, fit_s = bl.fit_pipeline(df, prepare_model, task, seed=1, names=(name,), trees=5, depth=3)
+        alone = bl.estimator(name, task, seed=1, trees=5, depth=3).fit(assembled)
+        out[name] = (PipelineModel(list(front.stages) + [alone]), fit_s[name], fit)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +59,8 @@ def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
     width = len(front.transform(df).first()[bl.ASSEMBLED])
     # x1, x2 and colour one-hot (3 values + the unseen/null index, last dropped): no selection, no PCA
     assert width == 2 + 3
-    for name, (pipeline, fit_s) in models.items():
-        last = pipeline.stages[-1]
+    for name, (_, fit_s, combined) in models.items():
+        last = combined.stages[-1]
         assert last.numFeatures == width and fit_s > 0, name
         if isinstance(last, LogisticRegressionModel):
             assert last.summary.predictions.count() == df.count()  # the whole table, not the sample
@@ -55,8 +69,8 @@ def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
 def test_baselines_score_raw_rows_with_unseen_and_null_values(spark, binary):
     raw = spark.createDataFrame([(1000, "purple", 0.5, None, 1.0), (1001, None, None, 0.1, 0.0)],
                                 "id long, colour string, x1 double, x2 double, label double")
-    for name, (pipeline, _) in binary[2].items():
-        rows = pipeline.transform(raw).select("id", "prediction", "probability").collect()
+    for name, (_, _, combined) in binary[2].items():
+        rows = bl.model_frame(combined.transform(raw), name, "binary").select("id", "prediction", "probability").collect()
         assert [r["id"] for r in rows] == [1000, 1001], name
         assert all(r["prediction"] in (0.0, 1.0) and np.isfinite(r["probability"].toArray()).all()
                    for r in rows), name
