@@ -9,11 +9,26 @@ the executors, see :func:`centred_scatter`), decomposes it on the driver, keeps 
 reaching ``varianceTarget``, and transforms on the JVM with MLlib's own
 ``StandardScalerModel`` (centring) followed by ``PCAModel``: no Python over rows.
 
-Memory: the driver holds about three p x p float64 matrices (running scatter, one
-partition's, the eigenvectors): ``3 * 8 * p^2`` bytes (p = 2,000: ~96 MB; p = 10,000:
-~2.4 GB); each task holds one (p = 2,000: 32 MB) plus its Arrow batch. The stage refuses
-a p whose matrices would exceed ``maxCovarianceBytes`` (default 2 GiB), or above 65,535
-(MLlib's ``PCAModel`` limit), with a message that says what to do.
+Two solvers (``solver``):
+
+- ``exact``: the driver holds about three p x p float64 matrices (running scatter, one
+  partition's, the eigenvectors): ``3 * 8 * p^2`` bytes (p = 2,000: ~96 MB; p = 10,000:
+  ~2.4 GB); each task holds one (p = 2,000: 32 MB) plus its Arrow batch. It refuses a p
+  whose matrices would exceed ``maxCovarianceBytes`` (default 2 GiB), or above 65,535,
+  with a message that says what to do.
+- ``randomized``: subspace iteration on the covariance *operator* (Halko, Martinsson and
+  Tropp's randomized range finder with ``powerIterations`` passes): each pass sends a
+  p x l block (l = k + ``oversampling``) to the tasks, which return ``X_c^T (X_c Z)`` for
+  their rows from sparse or dense vectors (scipy CSR per Arrow batch: a one-hot or hashed
+  vector is never densified), and the driver orthonormalises it. No p x p matrix exists
+  anywhere: the driver holds a few p x l blocks (p = 100,000, k = 50: ~200 MB), so it
+  works beyond MLlib's 65,535-column limit. It needs ``k`` (the explained variance of
+  components it did not compute is unknown; the ratios are of the total variance, which
+  it does know exactly), and ``2 + powerIterations`` passes over the data. Its model
+  projects without centring the input first (``x . W - mean . W``), so sparse vectors
+  stay sparse at transform too.
+- ``auto`` (default): randomized above ``AUTO_EXACT_MAX`` features when ``k`` is given,
+  exact otherwise.
 """
 from __future__ import annotations
 
@@ -35,6 +50,10 @@ from pyspark.sql import types as T
 from ._vectors import (BatchMatrices, feature_names, guard_input, numeric_attrs_metadata, require_new,
                        require_one_length, require_vector, vector_size)
 
+#: ``solver='auto'``: the exact solver up to this many features, randomized above (with k).
+AUTO_EXACT_MAX = 2048
+SOLVERS = ("auto", "exact", "randomized")
+
 
 class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
     k = Param(Params._dummy(), "k", "number of components (0 = choose by varianceTarget)",
@@ -48,13 +67,25 @@ class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
                     "treat k as an upper bound: an input with fewer features keeps them all (as components)",
                     typeConverter=TypeConverters.toBoolean)
     maxCovarianceBytes = Param(Params._dummy(), "maxCovarianceBytes",
-                               "refuse inputs whose p x p matrices need more driver memory than this",
+                               "exact solver: refuse inputs whose p x p matrices need more driver memory than this",
                                typeConverter=TypeConverters.toInt)
+    solver = Param(Params._dummy(), "solver",
+                   "auto (exact up to AUTO_EXACT_MAX features or without k, else randomized), exact or randomized",
+                   typeConverter=TypeConverters.toString)
+    powerIterations = Param(Params._dummy(), "powerIterations",
+                            "randomized solver: subspace iterations (each one pass over the data)",
+                            typeConverter=TypeConverters.toInt)
+    oversampling = Param(Params._dummy(), "oversampling",
+                         "randomized solver: extra directions beyond k in the random block",
+                         typeConverter=TypeConverters.toInt)
+    seed = Param(Params._dummy(), "seed", "randomized solver: seed of the random starting block",
+                 typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(inputCol="features", outputCol="pca", k=0, varianceTarget=0.95, scale=False,
-                         kAtMost=False, maxCovarianceBytes=2 << 30, handleInvalid="error")
+                         kAtMost=False, maxCovarianceBytes=2 << 30, handleInvalid="error", solver="auto",
+                         powerIterations=4, oversampling=10, seed=0)
 
     def setHandleInvalid(self, value: str):
         return self._set(handleInvalid=value)
@@ -72,7 +103,8 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
     @keyword_only
     def __init__(self, *, inputCol: str = "features", outputCol: str = "pca", k: int = 0,
                  varianceTarget: float = 0.95, scale: bool = False, maxCovarianceBytes: int = 2 << 30,
-                 handleInvalid: str = "error", kAtMost: bool = False):
+                 handleInvalid: str = "error", kAtMost: bool = False, solver: str = "auto",
+                 powerIterations: int = 4, oversampling: int = 10, seed: int = 0):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -93,23 +125,30 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         if k == 0 and not 0 < target <= 1:
             raise ValueError(f"varianceTarget must be in (0, 1], got {target}")
         p = vector_size(dataset, col)
-        need = 3 * 8 * p * p
-        limit = self.getOrDefault(self.maxCovarianceBytes)
-        if p > 65535 or need > limit:
-            raise ValueError(
-                f"CenteredPCA over {p} features needs about {need / 2**30:.1f} GiB of driver memory for "
-                f"the {p} x {p} covariance (limit maxCovarianceBytes={limit / 2**30:.1f} GiB; MLlib's hard "
-                "limit is 65,535 features). Reduce features first (VarianceSelector, UnivariateSelector, "
-                "CorrelationSelector) or raise maxCovarianceBytes with spark.driver.memory")
         if k > p and self.getOrDefault(self.kAtMost):
             k = p
         if k > p:
             raise ValueError(f"k={k} is larger than the {p} features of inputCol {col!r}")
-
         mode = self.getHandleInvalid()
         if mode not in ("error", "skip"):
             raise ValueError(f"handleInvalid must be 'error' or 'skip' for CenteredPCA "
                              f"(a NaN has no projection), got {mode!r}")
+        solver = self.getOrDefault(self.solver)
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        if solver == "auto":
+            solver = "randomized" if k and p > AUTO_EXACT_MAX else "exact"
+        if solver == "randomized":
+            return self._fit_randomized(dataset, col, p, k, mode)
+        need = 3 * 8 * p * p
+        limit = self.getOrDefault(self.maxCovarianceBytes)
+        if p > 65535 or need > limit:
+            raise ValueError(
+                f"CenteredPCA's exact solver over {p} features needs about {need / 2**30:.1f} GiB of driver "
+                f"memory for the {p} x {p} covariance (limit maxCovarianceBytes={limit / 2**30:.1f} GiB, and at "
+                "most 65,535 features). Give k with solver='randomized' (or 'auto'), which never forms that "
+                "matrix; or reduce features first (VarianceSelector, UnivariateSelector, CorrelationSelector); "
+                "or raise maxCovarianceBytes with spark.driver.memory")
         n, mean, scatter, bad = centred_scatter(dataset, col, p)
         if bad and mode == "error":
             raise ValueError(f"inputCol {col!r} has {bad} rows with null, NaN or infinite values; "
@@ -151,6 +190,189 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         self._copyValues(model)
         model._set(k=k)  # the chosen k, also when varianceTarget chose it
         return model
+
+    def _fit_randomized(self, dataset: DataFrame, col: str, p: int, k: int, mode: str) -> "CenteredPCAModel":
+        if not k:
+            raise ValueError(f"CenteredPCA's randomized solver needs k (inputCol {col!r} has {p} features): the "
+                             "variance of components it does not compute is unknown, so varianceTarget cannot "
+                             "choose k; give k, or use solver='exact' where p x p fits the driver")
+        iterations, extra = self.getOrDefault(self.powerIterations), self.getOrDefault(self.oversampling)
+        if iterations < 0 or extra < 0:
+            raise ValueError(f"powerIterations and oversampling must be >= 0, got {iterations} and {extra}")
+        stats = _SparseMoments(dataset, col, p)
+        if stats.bad and mode == "error":
+            raise ValueError(f"inputCol {col!r} has {stats.bad} rows with null, NaN or infinite values; "
+                             "set handleInvalid='skip' to drop and count them")
+        if stats.n < 2:
+            raise ValueError(f"inputCol {col!r} needs at least 2 valid rows, got {stats.n}")
+        names = feature_names(dataset.schema, col, p)
+        scale = self.getOrDefault(self.scale)
+        std = np.sqrt(stats.variance)
+        if scale:
+            constant = [names[i] for i in np.flatnonzero(std == 0)]
+            if constant:
+                raise ValueError(f"inputCol {col!r} has constant features {constant[:10]}: they cannot be "
+                                 "scaled to unit variance; drop them first (VarianceSelector)")
+        inv = 1.0 / std if scale else np.ones(p)
+        total = float(p) if scale else float(stats.variance.sum())
+        if not np.isfinite(total) or total <= 0:
+            raise ValueError(f"inputCol {col!r} has zero (or non-finite) variance in every feature")
+        width = min(p, k + extra)
+        rng = np.random.default_rng(self.getOrDefault(self.seed))
+        basis, _ = np.linalg.qr(rng.standard_normal((p, width)))
+        for _ in range(iterations):
+            basis, _ = np.linalg.qr(stats.covariance_times(basis, inv))
+        image = stats.covariance_times(basis, inv)
+        eigval, eigvec = np.linalg.eigh(basis.T @ image)
+        order = np.argsort(eigval)[::-1]
+        eigval, components = np.clip(eigval[order], 0, None), basis @ eigvec[:, order]
+        signs = np.sign(components[np.abs(components).argmax(axis=0), np.arange(width)])
+        signs[signs == 0] = 1.0
+        components = components * signs
+        model = CenteredPCAModel(mean=stats.mean, std=std if scale else None, components=components[:, :k],
+                                 explainedVarianceRatio=eigval / total, inputNames=names,
+                                 skippedRows=stats.bad)
+        self._copyValues(model)
+        model._set(k=k, solver="randomized")
+        return model
+
+
+class _SparseMoments:
+    """The randomized solver's passes over a vector column, sparse or dense rows alike.
+
+    The first pass (here) counts valid rows and sums each feature and its square (for the
+    mean and variance); :meth:`covariance_times` is one more pass computing ``C @ Z`` for a
+    p x l block ``Z``, with ``C`` the covariance of the centred (and, with ``inv``, scaled)
+    rows, as ``sum over rows of (x - mean) (((x - mean) * inv) . Z)`` scaled back: each
+    task multiplies its rows' CSR matrix by ``Z``, so nothing p x p is formed."""
+
+    def __init__(self, df: DataFrame, col: str, p: int):
+        self.df, self.col, self.p = df.select(F.col(col).alias("v")), col, p
+        self.n, self.bad, s1, s2 = 0, 0, np.zeros(p), np.zeros(p)
+        for row in self._run(_moment_pass, None):
+            self.n += row["n"]
+            self.bad += row["bad"]
+            if row["n"]:
+                s1 += _floats(row["a"])
+                s2 += _floats(row["b"])
+        self.mean = s1 / max(self.n, 1)
+        self.variance = np.clip((s2 - self.n * self.mean ** 2) / max(self.n - 1, 1), 0, None)
+
+    def _run(self, fn, block):
+        sc = self.df.sparkSession.sparkContext
+        shared = sc.broadcast(block) if block is not None else None
+        p = self.p
+
+        def per_partition(batches):
+            yield from fn(batches, p, shared.value if shared is not None else None)
+        try:
+            parts = self.df.mapInArrow(per_partition, "n long, bad long, len_lo long, len_hi long, "
+                                                      "a binary, b binary")
+            for row in parts.toLocalIterator():
+                if row["len_lo"] is not None:
+                    require_one_length([row], self.col, p)
+                yield row
+        finally:
+            if shared is not None:
+                shared.unpersist()
+
+    def covariance_times(self, block: np.ndarray, inv: np.ndarray) -> np.ndarray:
+        """``C @ block`` for the scaled covariance ``C = D (X_c^T X_c) D / (n - 1)``, ``D = diag(inv)``."""
+        scaled = block * inv[:, None]
+        shift = self.mean @ scaled
+        acc, col_sums = np.zeros_like(block), np.zeros(block.shape[1])
+        for row in self._run(_product_pass, (scaled, shift)):
+            if row["n"]:
+                acc += _floats(row["a"]).reshape(block.shape)
+                col_sums += _floats(row["b"])
+        # sum (x - mean) y^T with y = (x - mean) . scaled: sum x y^T - mean (sum y)^T
+        return inv[:, None] * (acc - np.outer(self.mean, col_sums)) / (self.n - 1)
+
+
+def csr_rows(batches, p: int):
+    """A partition's Arrow batches of one ``VectorUDT`` column (its storage struct: type,
+    size, indices, values) as scipy CSR matrices of the valid rows, sparse and dense
+    vectors alike, without a Python loop over rows. Yields ``(matrix, invalid_rows, lo,
+    hi)``: null rows and rows holding NaN or infinity are left out and counted; a batch
+    with a row of another length than ``p`` yields no matrix but its lengths (lo, hi)."""
+    import pyarrow.compute as pc
+    from scipy import sparse
+    for batch in batches:
+        arr = batch.column(0)
+        nulls = arr.null_count
+        if nulls:
+            arr = pc.drop_null(arr)
+        if not len(arr):
+            yield None, nulls, None, None
+            continue
+        kind, size, indices, values = arr.flatten()
+        dense = kind.to_numpy(zero_copy_only=False) == 1
+        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+        widths = np.where(dense, lengths, size.fill_null(0).to_numpy(zero_copy_only=False))
+        lo, hi = int(widths.min()), int(widths.max())
+        if lo != p or hi != p:
+            yield None, nulls, lo, hi
+            continue
+        flat = values.flatten().to_numpy(zero_copy_only=False)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        cols = np.empty(len(flat), dtype=np.int64)
+        dense_elem = np.repeat(dense, lengths)
+        cols[dense_elem] = (np.arange(len(flat)) - np.repeat(starts[:-1], lengths))[dense_elem]
+        if (~dense_elem).any():
+            cols[~dense_elem] = indices.flatten().to_numpy(zero_copy_only=False)
+        rows = len(lengths)
+        matrix = sparse.csr_matrix((flat, cols, starts), shape=(rows, p))
+        bad_elem = ~np.isfinite(flat)
+        if bad_elem.any():
+            ok = np.bincount(np.repeat(np.arange(rows), lengths)[bad_elem], minlength=rows) == 0
+            matrix, bad = matrix[ok], int((~ok).sum())
+            matrix.data = np.nan_to_num(matrix.data)  # rows kept are finite; this only guards the type
+        else:
+            bad = 0
+        yield matrix, nulls + bad, lo, hi
+
+
+def _pass_row(n, bad, lo, hi, a: np.ndarray, b: np.ndarray):
+    """One partition's result; the arrays travel as raw float64 bytes (a p x l block is
+    millions of values: no per-value conversion on either side)."""
+    import pyarrow as pa
+    return pa.RecordBatch.from_pydict({
+        "n": pa.array([n], pa.int64()), "bad": pa.array([bad], pa.int64()),
+        "len_lo": pa.array([lo], pa.int64()), "len_hi": pa.array([hi], pa.int64()),
+        "a": pa.array([np.ascontiguousarray(a, dtype="<f8").tobytes()], pa.binary()),
+        "b": pa.array([np.ascontiguousarray(b, dtype="<f8").tobytes()], pa.binary())})
+
+
+def _floats(data) -> np.ndarray:
+    return np.frombuffer(data, dtype="<f8")
+
+
+def _moment_pass(batches, p, _):
+    n, bad, lo, hi = 0, 0, None, None
+    s1, s2 = np.zeros(p), np.zeros(p)
+    for matrix, invalid, a, b in csr_rows(batches, p):
+        bad += invalid
+        if a is not None:
+            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+        if matrix is None or not matrix.shape[0]:
+            continue
+        n += matrix.shape[0]
+        s1 += np.asarray(matrix.sum(axis=0)).ravel()
+        s2 += np.asarray(matrix.multiply(matrix).sum(axis=0)).ravel()
+    yield _pass_row(n, bad, lo, hi, s1, s2)
+
+
+def _product_pass(batches, p, shared):
+    scaled, shift = shared
+    n, acc, col_sums = 0, np.zeros_like(scaled), np.zeros(scaled.shape[1])
+    for matrix, _, _, _ in csr_rows(batches, p):
+        if matrix is None or not matrix.shape[0]:
+            continue
+        n += matrix.shape[0]
+        y = matrix @ scaled - shift  # (x - mean) . scaled, per row
+        acc += matrix.T @ y
+        col_sums += y.sum(axis=0)
+    yield _pass_row(n, 0, None, None, acc, col_sums)
 
 
 def centred_scatter(df: DataFrame, col: str, p: int, values=None,
@@ -269,16 +491,30 @@ class CenteredPCAModel(Model, _CenteredPCAParams, MLReadable, MLWritable):
         mode = self.getHandleInvalid()
         dataset, checked, finish = guard_input(dataset, col, p, finite=True, mode=mode,
                                                stage="CenteredPCAModel", param="inputCol")
-        scaler = _java_scaler(dataset, self.mean, self.std if self.std is not None else np.ones(p),
-                              checked, "__centred")
-        scaler._set(withStd=self.std is not None)
-        pc = DenseMatrix(p, self.numComponents, self.components.flatten(order="F").tolist(), isTransposed=False)
-        jpca = sc._jvm.org.apache.spark.ml.feature.PCAModel(
-            "centeredpca_projection", _py2java(sc, pc), _py2java(sc, DenseVector(self.explainedVariance)))
-        projector = PCAModel(jpca)
-        projector._transfer_params_from_java()
-        projector = projector.setInputCol("__centred").setOutputCol(out)._set(k=self.numComponents)
-        projected = projector.transform(scaler.transform(dataset)).drop("__centred")
+        def projector(components, input_col):
+            pc = DenseMatrix(p, self.numComponents, components.flatten(order="F").tolist(), isTransposed=False)
+            jpca = sc._jvm.org.apache.spark.ml.feature.PCAModel(
+                "centeredpca_projection", _py2java(sc, pc), _py2java(sc, DenseVector(self.explainedVariance)))
+            model = PCAModel(jpca)
+            model._transfer_params_from_java()
+            return model.setInputCol(input_col).setOutputCol(out)._set(k=self.numComponents)
+
+        if self.getOrDefault(self.solver) == "randomized":
+            # Wide (often sparse) input: project x itself, then subtract mean . W, so a sparse
+            # vector is never centred into a dense one. (The exact solver's models centre
+            # first, which keeps full accuracy where means are large next to the spread.)
+            from pyspark.ml.functions import array_to_vector, vector_to_array
+            folded = self.components / self.std[:, None] if self.std is not None else self.components
+            offset = F.array(*[F.lit(float(v)) for v in self.mean @ folded])
+            projected = projector(folded, checked).transform(dataset)
+            projected = projected.withColumn(out, array_to_vector(F.transform(
+                vector_to_array(F.col(out)), lambda x, i: x - F.get(offset, i))))
+        else:
+            scaler = _java_scaler(dataset, self.mean, self.std if self.std is not None else np.ones(p),
+                                  checked, "__centred")
+            scaler._set(withStd=self.std is not None)
+            projected = projector(self.components, "__centred").transform(scaler.transform(dataset)) \
+                .drop("__centred")
         names = [f"pc{i + 1}" for i in range(self.numComponents)]
         return (projected.withColumn(out, finish(F.col(out)).alias(out, metadata=numeric_attrs_metadata(names)))
                 .drop(*[c for c in projected.columns if c.startswith("__CenteredPCAModel_")]))

@@ -98,3 +98,81 @@ def test_bad_input(spark, cancer):
     assert model.skippedRows == 3
     with pytest.raises(ValueError, match=r"constant features \['features\[0\]'\]"):
         CenteredPCA(inputCol="features", k=1, scale=True, handleInvalid="skip").fit(bad)
+
+
+# -- the randomized solver (issue 14: wide data) -------------------------------------------
+
+def low_rank(n, p, rank, seed=0, noise=0.05):
+    rng = np.random.default_rng(seed)
+    scales = np.geomspace(10.0, 1.0, rank)
+    return 5.0 + (rng.normal(size=(n, rank)) * scales) @ rng.normal(size=(rank, p)) + noise * rng.normal(size=(n, p))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_randomized_agrees_with_exact_within_tolerance(spark, scale):
+    """Components to 1e-6 (cosine to 1 - 1e-10) and explained variance ratios to 1e-6
+    relative on a spectrum with a gap after k: the tolerance the README states."""
+    x = low_rank(500, 300, 6, seed=1)
+    df = spark.createDataFrame([(i, Vectors.dense(r)) for i, r in enumerate(x)], ["id", "features"]).repartition(3)
+    exact = CenteredPCA(inputCol="features", outputCol="pcs", k=6, scale=scale, solver="exact").fit(df)
+    fast = CenteredPCA(inputCol="features", outputCol="pcs", k=6, scale=scale, solver="randomized").fit(df)
+    assert fast.getOrDefault("solver") == "randomized" and exact.getOrDefault("solver") == "exact"
+    np.testing.assert_allclose(fast.explainedVariance, exact.explainedVariance, rtol=1e-6)
+    np.testing.assert_allclose(fast.components, exact.components, atol=1e-6)
+    np.testing.assert_allclose(fast.mean, exact.mean, rtol=1e-12)
+    # The randomized model projects x, then subtracts mean . W: the same numbers.
+    got = np.array([r[0] for r in fast.transform(df).orderBy("id").select(vector_to_array("pcs")).collect()])
+    want = np.array([r[0] for r in exact.transform(df).orderBy("id").select(vector_to_array("pcs")).collect()])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def sparse_wide(spark, n=1500, p=70_000, seed=2):
+    """One-hot-like rows over 70,000 columns (beyond MLlib's 65,535): 3 latent groups of
+    columns that switch on together, plus scattered noise columns."""
+    from scipy import sparse
+    rng = np.random.default_rng(seed)
+    groups = [rng.choice(p, size=40, replace=False) for _ in range(3)]
+    rows, cols = [], []
+    for i in range(n):
+        on = set(rng.choice(p, size=5, replace=False).tolist())
+        for g, members in enumerate(groups):
+            if rng.random() < (0.5, 0.3, 0.15)[g]:
+                on.update(members.tolist())
+        rows += [i] * len(on)
+        cols += sorted(on)
+    x = sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, p))
+    vectors = [(i, Vectors.sparse(p, x[i].indices.tolist(), x[i].data.tolist())) for i in range(n)]
+    return spark.createDataFrame(vectors, ["id", "features"]).repartition(3), x
+
+
+def test_randomized_handles_sparse_vectors_beyond_mllibs_column_limit(spark):
+    df, x = sparse_wide(spark)
+    n, p = x.shape
+    model = CenteredPCA(inputCol="features", outputCol="pcs", k=3).fit(df)  # auto: randomized
+    assert model.getOrDefault("solver") == "randomized" and model.components.shape == (p, 3)
+    # The exact spectrum from the n x n Gram matrix of the centred rows (no p x p anywhere).
+    mean = np.asarray(x.mean(axis=0)).ravel()
+    xm = x @ mean
+    gram = (x @ x.T).toarray() - xm[:, None] - xm[None, :] + mean @ mean
+    eig, u = np.linalg.eigh(gram / (n - 1))
+    eig, u = eig[::-1], u[:, ::-1]
+    total = np.trace(gram) / (n - 1)
+    np.testing.assert_allclose(model.explainedVariance, eig[:3] / total, rtol=1e-6)
+    ref = np.asarray((x.T @ u[:, :3]) - np.outer(mean, u[:, :3].sum(axis=0))) / np.sqrt(eig[:3] * (n - 1))
+    cos = np.abs((ref * model.components).sum(axis=0))
+    assert cos.min() > 1 - 1e-8
+    got = np.array([r[0] for r in model.transform(df).orderBy("id").select(vector_to_array("pcs")).collect()])
+    np.testing.assert_allclose(got, (x @ model.components) - mean @ model.components, atol=1e-8)
+
+
+def test_randomized_solver_errors_and_round_trip(spark, cancer, tmp_path):
+    df, _ = cancer
+    with pytest.raises(ValueError, match="randomized solver needs k"):
+        CenteredPCA(inputCol="features", solver="randomized").fit(df)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        CenteredPCA(inputCol="features", k=2, solver="lanczos").fit(df)
+    with pytest.raises(ValueError, match=r"exact solver over 30 features .* Give k with solver='randomized'"):
+        CenteredPCA(inputCol="features", solver="exact", maxCovarianceBytes=1000).fit(df)
+    model = CenteredPCA(inputCol="features", outputCol="pcs", k=3, scale=True, solver="randomized").fit(df)
+    again = transform_in_new_process(model, df, tmp_path, ["id", "pcs"])
+    assertDataFrameEqual(again, model.transform(df).select("id", "pcs"))
