@@ -31,6 +31,7 @@ def step(spark, cfg, paths, run) -> dict:
         raise ValueError(f"predictions is a {task} table but baseline_predictions a "
                          f"{ev.task_of(baseline_pred)} one: rerun the score step")
     tasks.gate_metric(cfg.gate.metric, task)  # a gate metric the task lacks fails now, not after the report
+    ablation = rp.load_ablation(cfg.baselines.ablation) if cfg.baselines.ablation else None
     classes = ev.classes_of(keras_pred)
     reports = {s: run.report_of(s) or {} for s in STEPS}
     baseline_pred = baseline_pred.cache()  # read once for every baseline's metrics and plots
@@ -51,7 +52,8 @@ def step(spark, cfg, paths, run) -> dict:
     result = {"task": task, "classes": classes, "metrics": metrics, "row_counts": counts, "step_wall_s": wall,
               "fit_s": fit_times(reports["train"], names)}
     data = {name: rp.report_data(df, task) for name, df in predictions.items()}
-    result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, data, reports, run.run_id))
+    result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, data, reports, run.run_id,
+                                                                           ablation=ablation))
     print("[evaluate] rows per step: " + json.dumps(counts))
     print("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()))
     print(f"[evaluate] report: {result['report_html']}", flush=True)

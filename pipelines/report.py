@@ -389,11 +389,49 @@ _BASELINE_NOTE = ("The network trains on the prepare step's output (by default e
                   "baseline's MLlib fit.")
 
 
+def load_ablation(path: str) -> dict:
+    """An ablation results file (``bench/ablation_bench.py``'s JSON) checked for what the
+    report's section reads; errors name the file and what is wrong."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as e:
+        raise ValueError(f"baselines.ablation: cannot read {path!r}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"baselines.ablation: {path!r} is not JSON ({e.msg}, line {e.lineno})") from None
+    metric = data.get("metric") if isinstance(data, dict) else None
+    variants = data.get("variants") if isinstance(data, dict) else None
+    if not isinstance(metric, str) or not isinstance(variants, list) or not variants or not all(
+            isinstance(v, dict) and isinstance(v.get("variant"), str) and
+            isinstance(v.get(metric), (int, float)) for v in variants):
+        raise ValueError(f"baselines.ablation: {path!r} is not an ablation results file (bench/ablation_bench.py "
+                         "writes one): it needs 'metric' and a non-empty 'variants' list, each with 'variant' and "
+                         "that metric")
+    return data
+
+
+def ablation_html(data: dict) -> str:
+    """The "Ablation" section: each variant's held-out metric and fit seconds, best first."""
+    metric = data["metric"]
+    lower = not tasks.HOLDOUT_METRICS[metric].higher_is_better if metric in tasks.HOLDOUT_METRICS else False
+    rows = sorted(data["variants"], key=lambda v: v[metric], reverse=not lower)
+    cols = ("prepare_s", "train_s", "input_width", "rows_prepared")
+    body = "".join(f"<tr><th>{html.escape(v['variant'])}</th><td>{_cell(v[metric])}</td>"
+                   + "".join(f"<td>{_cell(v.get(c))}</td>" for c in cols) + "</tr>" for v in rows)
+    meta = ", ".join(f"{k} {html.escape(str(data[k]))}" for k in ("dataset", "task", "fraction", "epochs",
+                                                                   "rows_train", "rows_holdout") if k in data)
+    return (f"<h2>Ablation</h2><p class='meta'>Each reduction variant refitted and its network trained on the same "
+            f"rows, scored on the same holdout (bench/ablation_bench.py; {meta}).</p>"
+            f"<table><tr><th>variant</th><th>{html.escape(metric)}</th>"
+            + "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols) + f"</tr>{body}</table>")
+
+
 def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], run_id: str | None,
-                title: str = "sparkdeep evaluation report") -> str:
+                title: str = "sparkdeep evaluation report", ablation: dict | None = None) -> str:
     """The report page for ``result`` (the evaluate step's: ``task``, ``metrics`` per model, and
     optionally ``classes``, ``row_counts``, ``step_wall_s``), ``data`` (:func:`report_data` per
-    model) and the earlier steps' ``reports``."""
+    model), the earlier steps' ``reports`` and, when asked for, an ``ablation``
+    (:func:`load_ablation`)."""
     task = tasks.check_task(result["task"])
     names = list(tasks.holdout_metrics(task)) + ["rows"]
     fit_s = result.get("fit_s") or {}
@@ -419,4 +457,5 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
             f"written {made}</p>"
             f"<h2>Metrics</h2><p class='meta'>{html.escape(_BASELINE_NOTE)}</p>"
             f"<table><tr><th>model</th>{head}</tr>{rows}</table>"
-            f"<h2>Rows per step</h2><table>{counts}</table>{body}</body></html>")
+            f"<h2>Rows per step</h2><table>{counts}</table>{body}"
+            f"{ablation_html(ablation) if ablation else ''}</body></html>")

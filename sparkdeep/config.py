@@ -101,6 +101,7 @@ class BaselinesConfig:
     trees: int               # GBT iterations; random forest grows 2x this many trees
     depth: int               # GBT depth; random forest grows depth + 4
     max_iter: int            # logistic/linear regression iterations
+    ablation: str            # bench/ablation_bench.py's results JSON for the report's "Ablation" section
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -165,3 +165,27 @@ def test_every_plot_of_every_task_loads_in_headless_chromium(pages, tmp_path):
         for img in imgs:
             assert img["complete"] and img["width"] > 100 and img["height"] > 100, (task, img)
             assert img["src"].startswith("data:image/png;base64")
+
+
+def test_the_ablation_section_appears_when_asked_for_and_a_bad_file_is_named(tmp_path):
+    import json
+    import os
+    result = {"task": "binary", "metrics": {"keras_horovod": {"rows": 4, "auc": 0.8, "average_precision": 0.6,
+                                                              "accuracy": 0.7, "log_loss": 0.5}}}
+    assert "<h2>Ablation</h2>" not in rp.render_html(result, {}, {}, None)
+    shipped = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results", "ablation_flights.json")
+    ablation = rp.load_ablation(shipped)
+    text = rp.render_html(result, {}, {}, None, ablation=ablation)
+    section = text.split("<h2>Ablation</h2>")[1]
+    names = re.findall(r"<tr><th>([^<]*)</th><td>", section)
+    assert set(names) == {v["variant"] for v in ablation["variants"]}
+    best = max(ablation["variants"], key=lambda v: v["auc"])
+    assert names[0] == best["variant"] and f"{best['auc']:.4f}" in section  # best first
+    bad = tmp_path / "bad.json"
+    for content, match in (("{", "is not JSON"), (json.dumps({"metric": "auc", "variants": []}),
+                                                   "is not an ablation results file")):
+        bad.write_text(content)
+        with pytest.raises(ValueError, match=rf"baselines.ablation: '{re.escape(str(bad))}' {match}"):
+            rp.load_ablation(str(bad))
+    with pytest.raises(ValueError, match=r"baselines.ablation: cannot read '/nonexistent/a.json'"):
+        rp.load_ablation("/nonexistent/a.json")
