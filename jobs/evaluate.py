@@ -32,6 +32,10 @@ def step(spark, cfg, paths, run) -> dict:
                          f"{ev.task_of(baseline_pred)} one: rerun the score step")
     tasks.gate_metric(cfg.gate.metric, task)  # a gate metric the task lacks fails now, not after the report
     ablation = rp.load_ablation(cfg.baselines.ablation) if cfg.baselines.ablation else None
+    spec = cfg.dataset
+    if ablation and ablation.get("dataset") not in (spec.name, spec.table):
+        print(f"[evaluate] note: the ablation in {cfg.baselines.ablation} was measured on data set "
+              f"{ablation.get('dataset')!r}, not this run's {spec.name!r}; the report says so", flush=True)
     classes = ev.classes_of(keras_pred)
     reports = {s: run.report_of(s) or {} for s in STEPS}
     baseline_pred = baseline_pred.cache()  # read once for every baseline's metrics and plots

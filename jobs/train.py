@@ -74,7 +74,9 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
           ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()), flush=True)
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
               "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout,
-                          "batch_size": estimator.getBatchSize()},
+                          "batch_size": estimator.getBatchSize(),
+                          "batch_size_from": ("the training rows (train.batch_size 0)" if not t.batch_size
+                                              else "train.batch_size")},
               "classes": classes, "checkpoint_run": checkpoint_run, "keras": summary,
               "baselines": {"fit_s": fit_s, "trees": b.trees, "depth": b.depth, "max_iter": b.max_iter},
               "training_inputs": summary["training_inputs"]}

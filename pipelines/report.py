@@ -416,8 +416,11 @@ def ablation_html(data: dict) -> str:
     lower = not tasks.HOLDOUT_METRICS[metric].higher_is_better if metric in tasks.HOLDOUT_METRICS else False
     rows = sorted(data["variants"], key=lambda v: v[metric], reverse=not lower)
     cols = ("prepare_s", "train_s", "input_width", "rows_prepared")
+    def cell(v, c):
+        value = v.get(c)
+        return f"{value:,.1f}" if c.endswith("_s") and isinstance(value, (int, float)) else _cell(value)
     body = "".join(f"<tr><th>{html.escape(v['variant'])}</th><td>{_cell(v[metric])}</td>"
-                   + "".join(f"<td>{_cell(v.get(c))}</td>" for c in cols) + "</tr>" for v in rows)
+                   + "".join(f"<td>{cell(v, c)}</td>" for c in cols) + "</tr>" for v in rows)
     meta = ", ".join(f"{k} {html.escape(str(data[k]))}" for k in ("dataset", "task", "fraction", "epochs",
                                                                    "rows_train", "rows_holdout") if k in data)
     return (f"<h2>Ablation</h2><p class='meta'>Each reduction variant refitted and its network trained on the same "

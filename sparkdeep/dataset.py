@@ -63,8 +63,11 @@ RESERVED_SUFFIXES = ("__idx", "__ohe", "__imp", "__bin", "__prediction", "__prob
 
 
 def reserved(column: str) -> bool:
-    """Whether ``column`` is a name the pipeline creates itself (a source column may not take it)."""
-    return column in RESERVED or column.endswith(RESERVED_SUFFIXES)
+    """Whether ``column`` is a name the pipeline creates itself (a source column may not take
+    it), in any case: Spark resolves column names case-insensitively, so ``Numeric`` would
+    be ambiguous beside the pipeline's ``numeric``."""
+    name = column.lower()
+    return name in {r.lower() for r in RESERVED} or name.endswith(tuple(s.lower() for s in RESERVED_SUFFIXES))
 #: Builtin loaders must live in this package: a spec names code only the project ships.
 BUILTIN_PREFIX = "sparkdeep."
 
@@ -328,7 +331,7 @@ def validate(spec: DatasetSpec) -> None:
         for c in cols:
             if c in (lab.column, spec.key):
                 bad(key, f"lists {c!r}, which is the {'label' if c == lab.column else 'key'} column")
-            if reserved(c):
+            if reserved(c) and key != "features.exclude":  # an excluded column never reaches the stages
                 bad(key, f"column {c!r} has a name the pipeline uses itself; rename it in the source or a view")
     both = sorted(set(cat) & set(num))
     if both:

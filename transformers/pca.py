@@ -163,7 +163,7 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         std = np.sqrt(np.clip(np.diag(cov), 0, None))
         scale = self.getOrDefault(self.scale)
         if scale:
-            constant = [names[i] for i in np.flatnonzero(std == 0)]
+            constant = [names[i] for i in np.flatnonzero(_constant(std, mean))]
             if constant:
                 raise ValueError(f"inputCol {col!r} has constant features {constant[:10]}: they cannot be "
                                  "scaled to unit variance; drop them first (VarianceSelector)")
@@ -209,7 +209,7 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         scale = self.getOrDefault(self.scale)
         std = np.sqrt(stats.variance)
         if scale:
-            constant = [names[i] for i in np.flatnonzero(std == 0)]
+            constant = [names[i] for i in np.flatnonzero(_constant(std, stats.mean))]
             if constant:
                 raise ValueError(f"inputCol {col!r} has constant features {constant[:10]}: they cannot be "
                                  "scaled to unit variance; drop them first (VarianceSelector)")
@@ -237,26 +237,32 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         return model
 
 
+def _constant(std: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """Features whose spread is rounding noise: at most 64 ulps of their mean (a column of
+    0.1 everywhere has a computed standard deviation near 1e-17, not 0, and which value
+    depends on the partitioning). Dividing by such a spread would amplify noise."""
+    return std <= 64 * np.finfo(float).eps * np.abs(mean)
+
+
 class _SparseMoments:
     """The randomized solver's passes over a vector column, sparse or dense rows alike.
 
-    The first pass (here) counts valid rows and sums each feature and its square (for the
-    mean and variance); :meth:`covariance_times` is one more pass computing ``C @ Z`` for a
-    p x l block ``Z``, with ``C`` the covariance of the centred (and, with ``inv``, scaled)
-    rows, as ``sum over rows of (x - mean) (((x - mean) * inv) . Z)`` scaled back: each
-    task multiplies its rows' CSR matrix by ``Z``, so nothing p x p is formed."""
+    The first pass (here) counts valid rows and gives each feature's mean and variance
+    (Chan et al.'s pairwise moments: exact for a mean large next to the spread, where a
+    raw sum of squares is not); :meth:`covariance_times` is one more pass computing
+    ``C @ Z`` for a p x l block ``Z``, with ``C`` the covariance of the centred (and, with
+    ``inv``, scaled) rows: each task multiplies its rows' CSR matrix by ``Z``
+    (:func:`_product_pass`), so nothing p x p is formed."""
 
     def __init__(self, df: DataFrame, col: str, p: int):
         self.df, self.col, self.p = df.select(F.col(col).alias("v")), col, p
-        self.n, self.bad, s1, s2 = 0, 0, np.zeros(p), np.zeros(p)
+        self.n, self.bad, mean, m2 = 0, 0, np.zeros(p), np.zeros(p)
         for row in self._run(_moment_pass, None):
-            self.n += row["n"]
             self.bad += row["bad"]
             if row["n"]:
-                s1 += _floats(row["a"])
-                s2 += _floats(row["b"])
-        self.mean = s1 / max(self.n, 1)
-        self.variance = np.clip((s2 - self.n * self.mean ** 2) / max(self.n - 1, 1), 0, None)
+                self.n, mean, m2 = _merge_moments(self.n, mean, m2, row["n"], _floats(row["a"]), _floats(row["b"]))
+        self.mean = mean
+        self.variance = np.clip(m2 / max(self.n - 1, 1), 0, None)
 
     def _run(self, fn, block):
         sc = self.df.sparkSession.sparkContext
@@ -278,15 +284,11 @@ class _SparseMoments:
 
     def covariance_times(self, block: np.ndarray, inv: np.ndarray) -> np.ndarray:
         """``C @ block`` for the scaled covariance ``C = D (X_c^T X_c) D / (n - 1)``, ``D = diag(inv)``."""
-        scaled = block * inv[:, None]
-        shift = self.mean @ scaled
-        acc, col_sums = np.zeros_like(block), np.zeros(block.shape[1])
-        for row in self._run(_product_pass, (scaled, shift)):
+        acc = np.zeros_like(block)
+        for row in self._run(_product_pass, (block * inv[:, None], self.mean)):
             if row["n"]:
                 acc += _floats(row["a"]).reshape(block.shape)
-                col_sums += _floats(row["b"])
-        # sum (x - mean) y^T with y = (x - mean) . scaled: sum x y^T - mean (sum y)^T
-        return inv[:, None] * (acc - np.outer(self.mean, col_sums)) / (self.n - 1)
+        return inv[:, None] * acc / (self.n - 1)
 
 
 def csr_rows(batches, p: int):
@@ -347,32 +349,65 @@ def _floats(data) -> np.ndarray:
     return np.frombuffer(data, dtype="<f8")
 
 
+def _merge_moments(n1, mean1, m2_1, n2, mean2, m2_2):
+    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations) per feature:
+    accurate when a mean is large next to the spread (a raw sum of squares is not)."""
+    if n1 == 0:
+        return n2, mean2, m2_2
+    n = n1 + n2
+    delta = mean2 - mean1
+    return n, mean1 + delta * (n2 / n), m2_1 + m2_2 + delta ** 2 * (n1 * n2 / n)
+
+
+def _batch_moments(matrix):
+    """(rows, mean, sum of squared deviations) per feature of a CSR batch: deviations of the
+    stored values from the batch's mean, plus the implicit zeros' (``-mean`` each)."""
+    rows = matrix.shape[0]
+    mean = np.asarray(matrix.sum(axis=0)).ravel() / rows
+    cols = matrix.indices
+    stored = np.bincount(cols, minlength=matrix.shape[1])
+    m2 = np.bincount(cols, weights=(matrix.data - mean[cols]) ** 2, minlength=matrix.shape[1])
+    return rows, mean, m2 + (rows - stored) * mean ** 2
+
+
 def _moment_pass(batches, p, _):
     n, bad, lo, hi = 0, 0, None, None
-    s1, s2 = np.zeros(p), np.zeros(p)
+    mean, m2 = np.zeros(p), np.zeros(p)
     for matrix, invalid, a, b in csr_rows(batches, p):
         bad += invalid
         if a is not None:
             lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
         if matrix is None or not matrix.shape[0]:
             continue
-        n += matrix.shape[0]
-        s1 += np.asarray(matrix.sum(axis=0)).ravel()
-        s2 += np.asarray(matrix.multiply(matrix).sum(axis=0)).ravel()
-    yield _pass_row(n, bad, lo, hi, s1, s2)
+        n, mean, m2 = _merge_moments(n, mean, m2, *_batch_moments(matrix))
+    yield _pass_row(n, bad, lo, hi, mean, m2)
 
 
 def _product_pass(batches, p, shared):
-    scaled, shift = shared
-    n, acc, col_sums = 0, np.zeros_like(scaled), np.zeros(scaled.shape[1])
+    """One partition's ``sum over rows of (x - mean) ((x - mean) . scaled)``, centring without
+    densifying: stored values are centred in place; a feature's implicit zeros (only in
+    columns that have some in the batch) contribute ``-mean``, added by two sparse products.
+    A column stored in every row (a dense number, possibly with a large mean) is centred
+    exactly and never enters a large sum that must cancel."""
+    scaled, mean = shared
+    n, acc = 0, np.zeros_like(scaled)
     for matrix, _, _, _ in csr_rows(batches, p):
         if matrix is None or not matrix.shape[0]:
             continue
-        n += matrix.shape[0]
-        y = matrix @ scaled - shift  # (x - mean) . scaled, per row
-        acc += matrix.T @ y
-        col_sums += y.sum(axis=0)
-    yield _pass_row(n, 0, None, None, acc, col_sums)
+        rows, cols = matrix.shape[0], matrix.indices
+        n += rows
+        holes = np.bincount(cols, minlength=p) < rows  # columns with implicit zeros in this batch
+        hole_mean = np.where(holes, mean, 0.0)
+        centred = matrix.copy()
+        centred.data = matrix.data - mean[cols]
+        stored_mean = matrix.copy()
+        stored_mean.data = hole_mean[cols]
+        # y = (x - mean) . scaled = centred . scaled - (sum of mean_j scaled_j over the row's zeros)
+        y = centred @ scaled - (hole_mean @ scaled - stored_mean @ scaled)
+        pattern = matrix.copy()
+        pattern.data = np.ones_like(matrix.data)
+        acc += centred.T @ y - hole_mean[:, None] * (y.sum(axis=0)[None, :] - pattern.T @ y)
+    yield _pass_row(n, 0, None, None, acc, np.zeros(0))
 
 
 def centred_scatter(df: DataFrame, col: str, p: int, values=None,

@@ -344,16 +344,25 @@ def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path
     assert not os.path.exists(tmp_path / "out" / "tables")
 
 
-@pytest.mark.parametrize("column", ["numeric", "numeric_scaled", "x__bin", "gbt__probability"])
-def test_an_inferred_feature_with_a_name_the_pipeline_makes_stops_ingest(spark, tmp_path, column):
+@pytest.mark.parametrize("column", ["numeric", "numeric_scaled", "x__bin", "gbt__probability", "Numeric",
+                                    "CITY__Idx", "Features"])
+def test_an_inferred_feature_with_a_name_the_pipeline_makes_stops_ingest_and_can_be_excluded(spark, tmp_path,
+                                                                                              column):
+    """In any case: Spark matches names case-insensitively, so 'Numeric' would be ambiguous
+    beside the pipeline's 'numeric'. The error's advice (exclude it) then works."""
     src = str(tmp_path / "src.parquet")
     spark.createDataFrame(table(20)).withColumnRenamed("x2", column).write.parquet(src)
-    spec = write_spec(tmp_path, "r", {"source": {"format": "parquet", "path": src}, "key": "id",
-                                      "label": {"column": "amount", "task": "regression"}})
+    body = {"source": {"format": "parquet", "path": src}, "key": "id",
+            "label": {"column": "amount", "task": "regression"}}
+    spec = write_spec(tmp_path, "r", body)
     with pytest.raises(SourceError, match=rf"source column '{column}' has a name the pipeline uses itself; add it "
                                           r"to features.exclude in .*r\.yaml"):
         run_ingest(spark, config(spec, tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out" / "tables")
+    excluded = write_spec(tmp_path, "r2", {**body, "features": {"exclude": [column]}})
+    report = run_ingest(spark, config(excluded, tmp_path / "out2"))
+    assert report["rows_usable"] == 20
+    assert column not in delta_io.read(spark, str(tmp_path / "out2" / "tables" / "r2")).columns
 
 
 def test_an_empty_holdout_stops_prepare_before_it_writes(spark, tmp_path):

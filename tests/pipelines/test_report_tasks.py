@@ -181,6 +181,7 @@ def test_the_ablation_section_appears_when_asked_for_and_a_bad_file_is_named(tmp
     assert set(names) == {v["variant"] for v in ablation["variants"]}
     best = max(ablation["variants"], key=lambda v: v["auc"])
     assert names[0] == best["variant"] and f"{best['auc']:.4f}" in section  # best first
+    assert f"<td>{best['prepare_s']:,.1f}</td>" in section  # seconds with one decimal
     bad = tmp_path / "bad.json"
     for content, match in (("{", "is not JSON"), (json.dumps({"metric": "auc", "variants": []}),
                                                    "is not an ablation results file")):

@@ -176,3 +176,32 @@ def test_randomized_solver_errors_and_round_trip(spark, cancer, tmp_path):
     model = CenteredPCA(inputCol="features", outputCol="pcs", k=3, scale=True, solver="randomized").fit(df)
     again = transform_in_new_process(model, df, tmp_path, ["id", "pcs"])
     assertDataFrameEqual(again, model.transform(df).select("id", "pcs"))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_randomized_is_exact_when_a_mean_dwarfs_the_spread(spark, scale):
+    """A feature at 1e8 + N(0, 1): a raw sum of squares loses its variance entirely (the
+    randomized solver then called it constant, or got the components wrong)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(200, 5)) * np.arange(1, 6)
+    x[:, 0] += 1e8
+    df = spark.createDataFrame([(i, Vectors.dense(r)) for i, r in enumerate(x)], ["id", "features"]).repartition(3)
+    exact = CenteredPCA(inputCol="features", outputCol="pcs", k=3, scale=scale, solver="exact").fit(df)
+    fast = CenteredPCA(inputCol="features", outputCol="pcs", k=3, scale=scale, solver="randomized").fit(df)
+    np.testing.assert_allclose(fast.explainedVariance, exact.explainedVariance, rtol=1e-6)
+    np.testing.assert_allclose(fast.components, exact.components, atol=1e-6)
+    if scale:
+        np.testing.assert_allclose(fast.std, x.std(axis=0, ddof=1), rtol=1e-9)
+
+
+@pytest.mark.parametrize("solver", ["exact", "randomized"])
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_constant_column_is_refused_for_scaling_whatever_its_rounding(spark, solver, partitions):
+    """0.1 everywhere: the computed spread is rounding noise (about 1e-17, not 0, and
+    partition-dependent); both solvers refuse it the same way on every partitioning."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(60, 4))
+    x[:, 2] = 0.1
+    df = spark.createDataFrame([(Vectors.dense(r),) for r in x], ["features"]).repartition(partitions)
+    with pytest.raises(ValueError, match=r"constant features \['features\[2\]'\]"):
+        CenteredPCA(inputCol="features", k=2, scale=True, solver=solver).fit(df)
