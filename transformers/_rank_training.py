@@ -145,6 +145,34 @@ def learning_rate_at(update_no: int, base_lr: float, target_lr: float, warmup: i
     return target_lr
 
 
+class EarlyStopping:
+    """Early stopping on one metric of each epoch's record (lower is better), kept apart from
+    Horovod so it is tested alone. ``history`` (a resumed run's earlier epochs) sets the
+    best value so far; ``update`` takes one epoch and says whether training should stop
+    (``patience`` epochs without an improvement of more than 1e-7; 0 = never); the best
+    epoch's weights are kept (``weights`` is called on each improvement) and :meth:`restore`
+    puts them back only when training stopped early."""
+
+    def __init__(self, monitor: str, patience: int, history=()):
+        self.monitor, self.patience = monitor, int(patience)
+        self.best = min((r[monitor] for r in history if monitor in r), default=math.inf)
+        self.best_weights, self.waited, self.stopped = None, 0, False
+
+    def update(self, record: dict, weights=None) -> bool:
+        if record[self.monitor] < self.best - 1e-7:
+            self.best, self.waited = record[self.monitor], 0
+            if self.patience and weights is not None:
+                self.best_weights = weights()
+        else:
+            self.waited += 1
+        self.stopped = bool(self.patience) and self.waited >= self.patience
+        return self.stopped
+
+    def restore(self, model) -> None:
+        if self.stopped and self.best_weights is not None:
+            model.set_weights(self.best_weights)
+
+
 def train_rank(spec: dict) -> dict:
     """Train on this rank's shard; rank 0 also returns the trained model and history."""
     t_enter = time.time()
@@ -255,12 +283,8 @@ def train_rank(spec: dict) -> dict:
     history = list(resume["history"]) if resume else []
     start_epoch = int(resume["completed_epochs"]) if resume else 0
     epochs = int(spec["epochs"])
-    patience = int(spec.get("early_stopping_patience", 0))
     monitor = "val_loss" if xv is not None else "loss"
-    best, best_weights, waited, stopped_early = math.inf, None, 0, False
-    for record in history:
-        if record.get(monitor, math.inf) < best:
-            best = record[monitor]
+    stopping = EarlyStopping(monitor, int(spec.get("early_stopping_patience", 0)), history)
     t_first_step = None
     t_train0 = time.time()
     update_no = start_epoch * updates
@@ -315,13 +339,7 @@ def train_rank(spec: dict) -> dict:
                 record[f"val_{k}"] = v
         require_finite(record, epoch + 1)
         history.append(record)
-        improved = record[monitor] < best - 1e-7
-        if improved:
-            best, waited = record[monitor], 0
-            if patience:
-                best_weights = model.get_weights()
-        else:
-            waited += 1
+        stop = stopping.update(record, model.get_weights)
         if rank == 0:
             left = (epochs - epoch - 1) * seconds
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
@@ -340,13 +358,12 @@ def train_rank(spec: dict) -> dict:
                 import signal
                 os.kill(os.getpid(), signal.SIGSTOP)  # frozen: no exit, no error, no heartbeat
             raise RuntimeError(f"injected failure after epoch {epoch + 1} ({FAIL_AT_EPOCH_ENV})")
-        if patience and waited >= patience:
-            stopped_early = True
+        if stop:
             if rank == 0:
-                print(f"[train] early stop: {monitor} has not improved for {patience} epochs", flush=True)
+                print(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs", flush=True)
             break
-    if stopped_early and best_weights is not None:
-        model.set_weights(best_weights)
+    stopping.restore(model)
+    stopped_early = stopping.stopped
     t_end = time.time()
 
     result = {

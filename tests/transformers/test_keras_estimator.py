@@ -258,3 +258,31 @@ def test_tabular_network_starts_the_unseen_bucket_at_zero_and_clips_bad_indices(
     x = np.array([[0.1, -0.2, 2.0, 39.0], [0.1, -0.2, 7.0, 1e6]], dtype="float32")
     out = net.predict(x, verbose=0)
     assert out[0] == pytest.approx(out[1])
+
+
+def test_early_stopping_alone_keeps_the_best_weights_and_restores_only_when_it_stopped():
+    from sparkdeep.transformers._rank_training import EarlyStopping
+
+    class Model:
+        weights = None
+
+        def set_weights(self, w):
+            self.weights = w
+
+    es = EarlyStopping("val_loss", patience=2)
+    seen = iter(["w1", "w2", "w3", "w4"])
+    stops = [es.update({"val_loss": v}, lambda: next(seen)) for v in (0.9, 0.5, 0.5 - 1e-8, 0.7)]
+    assert stops == [False, False, False, True]  # 1e-8 is no improvement; two epochs without one stop
+    assert es.best == 0.5 and es.best_weights == "w2"
+    model = Model()
+    es.restore(model)
+    assert model.weights == "w2"
+
+    # A resumed run's history sets the best so far; patience 0 never stops nor restores.
+    resumed = EarlyStopping("loss", patience=1, history=[{"loss": 0.4}, {"loss": 0.3}, {"epoch": 3}])
+    assert resumed.best == 0.3 and resumed.update({"loss": 0.35}) is True
+    never = EarlyStopping("loss", patience=0)
+    assert not any(never.update({"loss": v}, lambda: "w") for v in (1.0, 2.0, 3.0))
+    untouched = Model()
+    never.restore(untouched)
+    assert untouched.weights is None and never.best_weights is None
