@@ -41,7 +41,7 @@ def auto_batch_size(rows: int, num_proc: int, validation_fraction: float) -> int
 
 
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
-                    checkpoint_dir: str = "", staging_dir: str = "",
+                    checkpoint_dir: str = "",
                     layout: dict | None = None, rows: int | None = None) -> KerasHorovodEstimator:
     """The estimator the train step uses, from the ``train`` section of the config.
 
@@ -73,7 +73,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,
         lrSchedule=t.lr_schedule,
-        runId=run_id, checkpointDir=checkpoint_dir, seed=seed, stagingDir=staging_dir)
+        shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed)
 
 
 def scoring_pipeline(prepare_model: PipelineModel, final_stage, classes: list[str] | None = None) -> PipelineModel:

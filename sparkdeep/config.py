@@ -92,6 +92,7 @@ class TrainConfig:
     warmup_epochs: float
     normalization: str      # tabular network (embedding encoding): layer, batch or none
     lr_schedule: str        # after warm-up: constant or cosine
+    shuffle_buffer_rows: int  # each rank's shuffle window (its memory bound), rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +158,7 @@ class Config:
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
             ("train.normalization", self.train.normalization in ("layer", "batch", "none")),
             ("train.lr_schedule", self.train.lr_schedule in ("constant", "cosine")),
+            ("train.shuffle_buffer_rows", self.train.shuffle_buffer_rows >= 1),
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
             ("train.batch_size", self.train.batch_size >= 0),

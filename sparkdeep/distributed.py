@@ -1,37 +1,46 @@
-"""Run a function on N Horovod ranks that Spark launches, with errors that name the rank.
+"""Run a function on N Horovod ranks launched as one Spark barrier stage.
 
-``horovod.spark.run`` turns N Spark tasks into N Horovod processes (Gloo rendezvous on
-the driver). When a rank raises, Horovod only reports that "one or more processes
-exited with non-zero status"; :func:`run_on_ranks` wraps the function so a failing rank
-prints one marker line with its rank and message, captures the ranks' forwarded
-output, and raises :class:`RankFailedError` naming the rank and its error. Horovod ends
-the surviving ranks when one exits.
+:func:`run_on_ranks` starts Horovod's Gloo rendezvous server on the driver and runs one
+**barrier** Spark stage of ``num_proc`` tasks (``mapInArrow(..., barrier=True)`` over the
+repartitioned ``data``, or a barrier RDD when there is none). Each task:
 
-A rank that stops without exiting (frozen by SIGSTOP, swapped out, its host unreachable)
-would leave the driver waiting forever: Gloo times out the other ranks, but Horovod keeps
-waiting for the frozen process. So each rank sends a heartbeat every few seconds from a
-thread of its own (it beats while training, all-reducing or waiting) over TCP to a small
-listener on the driver (Horovod forwards rank output in blocks, too late to time); the
-driver watches them, and a rank silent for ``stall_timeout`` seconds ends the run with a
-:class:`RankFailedError` naming it. Its Spark job group is cancelled, which makes
-Horovod's task service terminate every rank process (SIGKILL after a grace period, which
-also ends a stopped process).
+1. receives its own partition as Arrow batches and spills it, as it arrives, to the
+   task's local disk (a ``spill`` object decides the format: :class:`ShardSpill` for
+   training), so no copy of the data passes through a folder every executor must see;
+2. learns every task's row counts and host with one ``allGather`` (nothing is read twice);
+   task 0 sends the host plan to the driver, which initialises the rendezvous;
+3. starts the rank as a child process (``python -m sparkdeep._rank_process``) with the
+   Horovod variables (rank = partition id, local and cross ranks from the task hosts),
+   the Gloo rendezvous address, the Spark-assigned GPUs, and the shipped code on its path;
+   the child dies with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
+4. returns the child's pickled result as one Arrow row.
+
+Failures end the run with a :class:`RankFailedError` naming the rank, never a hang:
+
+- a rank that raises sends its error to the driver (a small TCP channel), a rank that
+  exits without an exception is reported by its task with the exit code; Spark then kills
+  the stage's other tasks (barrier semantics), and their ranks with them;
+- each rank sends a heartbeat every few seconds from a thread of its own; a rank silent for
+  ``stall_timeout`` seconds (frozen, swapped out, its host unreachable) makes the driver
+  cancel the stage's job (by job tag), which kills every task and rank;
+- a barrier result stage is not retried by Spark; a task attempt after the first (a
+  speculative or retried copy) refuses to start a second copy of its rank.
 """
 from __future__ import annotations
 
-import io
+import json
 import os
 import re
 import sys
 import threading
 import time
-import traceback
+import uuid
 from typing import Any, Callable, Sequence
 
-_MARKER = "SPARKDEEP-RANK-FAILED"
 _BEAT_ENV = "SPARKDEEP_HEARTBEAT"  # "host:port:token:interval_s", set for the ranks
+RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled partition
+DEVICES_ENV = "SPARKDEEP_DEVICES"  # the GPU addresses Spark gave the rank's task
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
-_MARKER_RE = re.compile(_MARKER + r" rank=(\d+) error=(.*)")
 
 
 class RankFailedError(RuntimeError):
@@ -44,52 +53,53 @@ class RankFailedError(RuntimeError):
         super().__init__(f"{who} failed: {message}")
 
 
-class _Tee(io.TextIOBase):
-    """Forwards rank output to a stream and remembers the failure markers in it."""
+class _Channel:
+    """The driver's listener for the ranks and their tasks: one text line per message,
+    ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``fail`` (rest: the
+    error), ``log`` (rest: a line of the rank's output, printed on the driver) or ``plan``
+    (rest: the host plan as JSON; answered ``ok`` once the rendezvous holds it). Lines
+    without the run's random token are ignored."""
 
-    def __init__(self, target):
-        self._target = target
-        self._lock = threading.Lock()
-        self.failures: list[tuple[int, str]] = []
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            for match in _MARKER_RE.finditer(text):
-                self.failures.append((int(match.group(1)), match.group(2).strip()))
-            try:
-                self._target.write(text)
-                self._target.flush()
-            except Exception:  # a closed notebook stream must not kill training
-                pass
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-class _Heartbeats:
-    """The driver's listener: one short TCP line ``token rank pid`` per beat; ``beats``
-    maps rank -> (monotonic time of the last beat, pid). Lines without the run's random
-    token are ignored."""
-
-    def __init__(self, host: str):
+    def __init__(self, host: str, on_plan: Callable[[list], None], out):
         import secrets
         import socketserver
 
         self.token = secrets.token_hex(8)
         self.beats: dict = {}
-        beats, token = self.beats, self.token
+        self.failures: list = []
+        lock = threading.Lock()
+        channel = self
 
         class Handler(socketserver.StreamRequestHandler):
-            timeout = 5
+            timeout = 600
 
             def handle(self):
-                try:
-                    words = self.rfile.readline(100).decode("ascii", "replace").split()
-                except OSError:
-                    return
-                if len(words) == 3 and words[0] == token and words[1].isdigit() and words[2].isdigit():
-                    beats[int(words[1])] = (time.monotonic(), int(words[2]))
+                while True:
+                    try:
+                        line = self.rfile.readline(1 << 20).decode("utf-8", "replace")
+                    except OSError:
+                        return
+                    if not line:
+                        return
+                    words = line.rstrip("\n").split(" ", 3)
+                    if len(words) < 3 or words[0] != channel.token or not words[2].isdigit():
+                        continue
+                    kind, rank, rest = words[1], int(words[2]), words[3] if len(words) > 3 else ""
+                    if kind == "beat" and rest.isdigit():
+                        channel.beats[rank] = (time.monotonic(), int(rest))
+                    elif kind == "fail":
+                        with lock:
+                            channel.failures.append((rank, rest))
+                    elif kind == "log":
+                        try:
+                            out.write(rest + "\n")
+                            out.flush()
+                        except Exception:  # noqa: BLE001 - a closed notebook stream must not kill training
+                            pass
+                    elif kind == "plan":
+                        on_plan(json.loads(rest))
+                        self.wfile.write(b"ok\n")
+                        self.wfile.flush()
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
@@ -97,48 +107,44 @@ class _Heartbeats:
 
         self._server = Server(("0.0.0.0", 0), Handler)
         self.address = f"{host}:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, name="sparkdeep-heartbeats", daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, name="sparkdeep-rank-channel", daemon=True).start()
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
 
-def _heartbeat(rank: str, setting: str) -> None:
+def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = False, timeout: float = 30.0):
+    """One message to the driver's channel (``setting`` = "host:port:token[:interval]")."""
+    import socket
+    host, port, token = setting.split(":")[:3]
+    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+        conn.sendall(f"{token} {kind} {rank} {text}".replace("\n", " | ").encode() + b"\n")
+        if wait_reply:
+            conn.settimeout(timeout)
+            reply = conn.makefile("rb").readline()
+            if reply.strip() != b"ok":
+                raise RuntimeError(f"the driver did not accept the {kind} message (reply {reply!r})")
+
+
+def heartbeat(rank, setting: str) -> None:
     """A daemon thread of the rank: a beat to the driver every few seconds while the
     process runs (a frozen process sends none)."""
-    import socket
-    host, port, token, interval = setting.rsplit(":", 3)
+    interval = float(setting.split(":")[3])
 
     def beat():
         while True:
             try:
-                with socket.create_connection((host, int(port)), timeout=float(interval)) as conn:
-                    conn.sendall(f"{token} {rank} {os.getpid()}\n".encode())
+                send(setting, "beat", rank, str(os.getpid()), timeout=interval)
             except OSError:
                 pass  # the driver notices the silence
-            time.sleep(float(interval))
+            time.sleep(interval)
     threading.Thread(target=beat, name="sparkdeep-heartbeat", daemon=True).start()
-
-
-def _rank_entry(fn: Callable, args: tuple, kwargs: dict) -> Any:
-    """Runs inside each rank process: beat, call ``fn``, announce a failure before dying."""
-    import os
-    rank = os.environ.get("HOROVOD_RANK", "?")
-    if os.environ.get(_BEAT_ENV):
-        _heartbeat(rank, os.environ[_BEAT_ENV])
-    try:
-        return fn(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - reported, then re-raised
-        message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
-        traceback.print_exc(file=sys.stderr)
-        print(f"{_MARKER} rank={rank} error={message}", file=sys.stderr, flush=True)
-        raise
 
 
 # Errors a rank raises only because another rank left the ring first.
 _COLLATERAL = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcast",
-               "HorovodAllgather", "Gloo", "gloo", "connection closed by peer")
+               "HorovodAllgather", "Gloo", "gloo", "connection closed by peer", "Connection reset by peer")
 
 
 def _is_collateral(message: str) -> bool:
@@ -153,96 +159,240 @@ def _root_cause(failures: list[tuple[int, str]]) -> tuple[int, str]:
     return failures[0]
 
 
-def _shipped_files() -> list[str]:
-    """Names of the --py-files / addPyFile archives: on executors they sit in the working directory."""
-    from pyspark import SparkContext
-    sc = SparkContext._active_spark_context
-    return [os.path.basename(p) for p in getattr(sc, "_python_includes", None) or []]
+def read_shard_counts(folder: str) -> list:
+    """Every rank's spilled row counts (by part), as gathered by the launcher."""
+    with open(os.path.join(folder, "ranks.json")) as fh:
+        return json.load(fh)["counts"]
 
 
-def _bootstrap() -> Callable:
-    """The function Horovod ships to the ranks, pickled by value (a closure), not by reference.
+def host_plan(hosts: list[str]) -> list[dict]:
+    """Horovod's slot plan for tasks on ``hosts`` (rank = task index): local rank and size
+    among the tasks of one host, cross rank and size among the hosts with that local rank."""
+    plan = []
+    for rank, host in enumerate(hosts):
+        local = [r for r, h in enumerate(hosts) if h == host]
+        plan.append({"hostname": host, "rank": rank, "size": len(hosts), "local_rank": local.index(rank),
+                     "local_size": len(local)})
+    for slot in plan:
+        peers = [p for p in plan if p["local_rank"] == slot["local_rank"]]
+        slot["cross_rank"] = [p["rank"] for p in peers].index(slot["rank"])
+        slot["cross_size"] = len(peers)
+    return plan
 
-    Rank processes are started by Horovod from a Spark task, but not as Spark's Python
-    worker, so they do not get the --py-files archives on ``sys.path``. Unpickling a
-    reference to this package would fail on a cluster where it is only shipped, not
-    installed; this closure needs nothing but the standard library to put the shipped
-    archives (in the executor's working directory, the rank's too) on ``sys.path`` first.
-    """
-    def boot(shipped, target, args, kwargs):
-        import importlib
-        import os as _os
-        import sys as _sys
-        for name in reversed(shipped):
-            path = _os.path.abspath(name)
-            if _os.path.exists(path) and path not in _sys.path:
-                _sys.path.insert(0, path)
-        module, _, attr = target.partition(":")
-        fn = importlib.import_module(module)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
-        return importlib.import_module("sparkdeep.distributed")._rank_entry(fn, args, kwargs)
-    return boot
+
+def _interface_for(address: str) -> str | None:
+    """The network interface this host uses to reach ``address`` (Gloo binds to it)."""
+    import socket
+
+    import psutil
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the task's Python worker dies (Linux)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the task kill still ends the stage
+        pass
+
+
+def _rank_task(batches, conf: dict, payload: bytes):
+    """One barrier task: spill the partition, agree on the plan, run the rank as a child."""
+    import shutil
+    import subprocess
+    import tempfile
+    from collections import deque
+
+    from pyspark import BarrierTaskContext
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    setting = conf["channel"]
+    if ctx.attemptNumber() > 0:
+        raise RuntimeError(f"rank {rank}: task attempt {ctx.attemptNumber()} refused: a rank is never started "
+                           "twice (the first attempt failed; see its error)")
+    roots = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d and os.path.isdir(d)]
+    work = tempfile.mkdtemp(prefix=f"sparkdeep-rank{rank}-", dir=roots[0] if roots else None)
+    child = None
+    try:
+        data = os.path.join(work, "data")
+        os.makedirs(data)
+        counts: dict = {}
+        try:
+            if batches is not None:
+                spill = conf["spill"].open(data)
+                for batch in batches:
+                    spill.write(batch)
+                counts = spill.close()
+        except BaseException as exc:
+            send(setting, "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
+            raise
+        hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
+        gathered = [json.loads(g) for g in ctx.allGather(json.dumps(counts))]
+        with open(os.path.join(data, "ranks.json"), "w") as fh:
+            json.dump({"counts": gathered, "hosts": hosts}, fh)
+        plan = host_plan(hosts)
+        if rank == 0:
+            send(setting, "plan", 0, json.dumps(plan), wait_reply=True)
+        ctx.barrier()  # the rendezvous holds the plan before any rank connects
+        slot = plan[rank]
+        rendezvous_host, rendezvous_port = conf["rendezvous"]
+        env = {**os.environ, **conf["env"],
+               "HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(rank),
+               "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
+               "HOROVOD_LOCAL_SIZE": str(slot["local_size"]), "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
+               "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+               "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+               RANK_DATA_ENV: data, _BEAT_ENV: setting, "PYTHONUNBUFFERED": "1",
+               # The shipped --py-files archives are on this worker's path, not on a new process's.
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        iface = _interface_for(rendezvous_host)
+        if iface:
+            env["HOROVOD_GLOO_IFACE"] = iface
+        gpus = ctx.resources().get("gpu")
+        if gpus is not None and gpus.addresses:
+            env["CUDA_VISIBLE_DEVICES"] = env[DEVICES_ENV] = ",".join(gpus.addresses)
+        with open(os.path.join(work, "call.pkl"), "wb") as fh:
+            fh.write(payload)
+        child = subprocess.Popen([sys.executable, "-m", "sparkdeep._rank_process", work], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        tail: deque = deque(maxlen=40)
+
+        def pump_out():
+            for raw in child.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                try:
+                    send(setting, "log", rank, line)
+                except OSError:
+                    print(line, flush=True)
+
+        def pump_err():
+            for raw in child.stderr:
+                line = raw.decode("utf-8", "replace")
+                tail.append(line.rstrip("\n"))
+                sys.stderr.write(line)
+        pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+        for t in pumps:
+            t.start()
+        code = child.wait()
+        for t in pumps:
+            t.join(timeout=10)
+        if code != 0:
+            failure = os.path.join(work, "failure.txt")
+            if os.path.isfile(failure):
+                with open(failure) as fh:
+                    message = fh.read().strip()
+            else:
+                message = (f"process exited (code {code}) without a Python exception (killed, out of memory, or "
+                           f"os._exit); its last output: {' | '.join(list(tail)[-5:])}")
+                send(setting, "fail", rank, message)
+            raise RuntimeError(f"Horovod rank {rank} failed: {message}")
+        with open(os.path.join(work, "result.pkl"), "rb") as fh:
+            result = fh.read()
+        return rank, result
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
-                 num_proc: int, start_timeout: int = 120, stall_timeout: float = 120.0,
-                 env: dict | None = None, verbose: int = 1, stdout=None, stderr=None) -> list:
+                 num_proc: int, data=None, spill=None, stall_timeout: float = 120.0,
+                 env: dict | None = None, stdout=None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks; return results by rank.
 
-    ``fn`` must be a module-level function that the ranks can import: from an installed
-    package, or from the archives shipped with ``--py-files`` (put on the ranks' path).
+    ``data`` (a DataFrame), when given, is repartitioned into ``num_proc`` partitions and
+    rank r receives partition r, written by ``spill`` (an object with ``open(folder)``,
+    ``write(arrow_batch)`` and ``close() -> counts``) to the task's local disk; the rank
+    finds it in the folder named by ``$SPARKDEEP_RANK_DATA``, with every rank's counts
+    (:func:`read_shard_counts`). ``fn`` is pickled by value or by reference (cloudpickle);
+    the ranks run with the driver's code path, including ``--py-files`` archives.
     ``stall_timeout``: seconds without a heartbeat from a started rank before the run is
     ended with an error naming it (0 = no watchdog).
 
     Raises
     ------
     RankFailedError
-        A rank raised, exited, or stalled; the error names the lowest failing rank and why.
+        A rank raised, exited, or stalled; the error names the rank and why.
     """
-    import horovod.spark
-    from horovod.spark.driver import job_id
+    import cloudpickle
+    import pyarrow as pa
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+    from pyspark import SparkContext
 
     if stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 seconds, got {stall_timeout}")
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+    if data is not None and spill is None:
+        raise ValueError("run_on_ranks: data needs a spill (how a task writes its partition)")
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        raise RuntimeError("run_on_ranks needs an active SparkContext")
+    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    out = stdout or sys.stdout
+    rendezvous = RendezvousServer(verbose=0)
+
+    def on_plan(plan: list) -> None:
+        rendezvous.init([SlotInfo(hostname=p["hostname"], rank=p["rank"], local_rank=p["local_rank"],
+                                  cross_rank=p["cross_rank"], size=p["size"], local_size=p["local_size"],
+                                  cross_size=p["cross_size"]) for p in plan])
+
+    channel = _Channel(host, on_plan, out)
+    port = rendezvous.start()
+    interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
     # Ranks start from the executor's environment; forward the driver's settings that
     # steer training (ours, Horovod's, TensorFlow's, NCCL's), plus any ``env`` given.
-    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)}
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)
+                 and k not in (_BEAT_ENV, RANK_DATA_ENV, DEVICES_ENV)}
     forwarded.update(env or {})
-    out = _Tee(stdout or sys.stdout)
-    err = _Tee(stderr or sys.stderr)
-    listener = None
-    if stall_timeout:
-        from pyspark import SparkContext
-        sc = SparkContext._active_spark_context
-        host = sc.getConf().get("spark.driver.host", "127.0.0.1") if sc is not None else "127.0.0.1"
-        listener = _Heartbeats(host)
-        interval = min(10.0, stall_timeout / 4)
-        forwarded[_BEAT_ENV] = f"{listener.address}:{listener.token}:{interval:g}"
-    target = f"{fn.__module__}:{fn.__qualname__}"
-
-    # Horovod blocks the caller until every rank process has ended (and needs the main
-    # thread for its signal handlers), so the watchdog runs beside it: on a stall it
-    # cancels the run's Spark jobs, which ends the rank processes and so Horovod's wait.
-    first_job = job_id.JOB_ID + 1
+    conf = {"channel": f"{channel.address}:{channel.token}:{interval:g}", "rendezvous": (host, port),
+            "env": forwarded, "spill": spill}
+    shipped = sc.broadcast(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+    tag = f"sparkdeep-ranks-{uuid.uuid4().hex[:12]}"
     stall: dict = {}
     done = threading.Event()
 
     def watch():
         while not done.wait(1.0):
-            found = _stalled(listener.beats, stall_timeout)
+            found = _stalled(channel.beats, stall_timeout)
             if found is not None:
                 stall["found"] = found
-                _cancel_ranks(first_job)
+                sc.cancelJobsWithTag(tag)
                 return
 
     if stall_timeout:
         threading.Thread(target=watch, name="sparkdeep-rank-watchdog", daemon=True).start()
+    sc.addJobTag(tag)
+    sc.setInterruptOnCancel(True)
     try:
-        return horovod.spark.run(_bootstrap(), args=(_shipped_files(), target, tuple(args), dict(kwargs or {})),
-                                 num_proc=num_proc, start_timeout=start_timeout,
-                                 use_gloo=True, env=forwarded, verbose=verbose,
-                                 stdout=out, stderr=err)
+        if data is None:
+            def run_task(_):
+                yield _rank_task(None, conf, shipped.value)
+            rows = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(run_task).collect()
+        else:
+            schema = pa.schema([("rank", pa.int32()), ("result", pa.binary())])
+
+            def run_arrow(batches):
+                rank, result = _rank_task(batches, conf, shipped.value)
+                yield pa.RecordBatch.from_arrays([pa.array([rank], pa.int32()), pa.array([result], pa.binary())],
+                                                 schema=schema)
+            rows = [(r["rank"], r["result"]) for r in
+                    data.repartition(num_proc).mapInArrow(run_arrow, "rank int, result binary",
+                                                          barrier=True).collect()]
+        return [cloudpickle.loads(result) for _, result in sorted(rows, key=lambda r: r[0])]
     except Exception as exc:
         if "found" in stall:
             rank, silent_s, pid = stall["found"]
@@ -250,12 +400,14 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                                         f"timeout {stall_timeout:g} s): frozen, swapped out, or its host is "
                                         "unreachable. The run was cancelled and its rank processes "
                                         "ended") from exc
-        _explain(exc, err.failures + out.failures, num_proc)
+        _explain(exc, channel)
         raise  # pragma: no cover - _explain always raises
     finally:
         done.set()
-        if listener is not None:
-            listener.close()
+        sc.removeJobTag(tag)
+        channel.close()
+        rendezvous.stop()
+        shipped.destroy()
 
 
 def _stalled(beats: dict, timeout: float):
@@ -268,36 +420,21 @@ def _stalled(beats: dict, timeout: float):
     return rank, silent_s, pid
 
 
-def _cancel_ranks(first_job: int) -> None:
-    """Cancel the Spark job groups of this run (Horovod names them horovod.spark.run.<n>)."""
-    from horovod.spark.driver import job_id
-    from pyspark import SparkContext
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        return
-    for n in range(first_job, job_id.JOB_ID + 1):
-        sc.cancelJobGroup(f"horovod.spark.run.{n}")
-
-
-def _explain(exc: BaseException, failures: list, num_proc: int) -> None:
-    """Raise the RankFailedError that names the rank behind Horovod's ``exc``."""
-    exited = re.search(r"Process name: (\d+)\s+Exit code: (-?\d+)", str(exc))
-    marked = {r for r, _ in failures}
-    silent = sorted(set(range(num_proc)) - marked)
-    if failures and silent and all(_is_collateral(m) for _, m in failures):
-        # Every error we saw is a consequence of a rank leaving the ring, and some
-        # rank left no Python error at all: it was killed or exited hard.
-        rank = silent[0]
-        code = exited.group(2) if exited and int(exited.group(1)) == rank else "unknown"
-        raise RankFailedError(rank, f"process exited (code {code}) without a Python exception "
-                                    "(killed, out of memory, or os._exit)") from exc
-    if failures:
-        rank, message = _root_cause(failures)
-        others = sorted({r for r, _ in failures if r != rank})
+def _explain(exc: BaseException, channel: _Channel) -> None:
+    """Raise the RankFailedError that names the rank behind the failed stage ``exc``."""
+    deadline = time.time() + 3.0
+    # A rank's own report can trail Spark's news of the stage failure by a moment.
+    while time.time() < deadline and all(_is_collateral(m) for _, m in channel.failures):
+        time.sleep(0.1)
+    if channel.failures:
+        rank, message = _root_cause(channel.failures)
+        others = sorted({r for r, _ in channel.failures if r != rank})
         if others:
             message += f" (then rank(s) {', '.join(map(str, others))} stopped too)"
         raise RankFailedError(rank, message) from exc
-    match = re.search(r"Process name: (\d+)", str(exc))
-    rank = int(match.group(1)) if match else None
-    raise RankFailedError(rank, str(exc).strip().splitlines()[0] if str(exc).strip()
-                          else type(exc).__name__) from exc
+    text = str(exc)
+    match = re.search(r"Horovod rank (\d+) failed: ([^\n]*)", text)
+    if match:
+        raise RankFailedError(int(match.group(1)), match.group(2).strip()) from exc
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    raise RankFailedError(None, f"the training stage failed before any rank reported: {first}") from exc

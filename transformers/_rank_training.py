@@ -1,8 +1,16 @@
-"""What each Horovod rank runs: read its own shard, train with all-reduce, report.
+"""What each Horovod rank runs: stream its own shard, train with all-reduce, report.
 
 Kept in an importable module (not a closure) so ranks unpickle it by reference and
-autograph finds its source. Everything a rank needs arrives in one plain ``spec`` dict
-of JSON-like values plus the model as ``.keras`` bytes: no pickled Keras objects.
+autograph finds its source. Everything a rank needs arrives in one typed
+:class:`RankSpec` (plain values plus the model as ``.keras`` bytes: no pickled Keras
+objects), built by the estimator from its params: the params hold the defaults, the spec
+has none, so the two cannot disagree. The rank's rows are the files the launcher spilled
+to the task's local disk (``SPARKDEEP_RANK_DATA``), streamed by :mod:`._rank_feed`.
+
+The pieces are small and testable alone: the feed (:mod:`._rank_feed`), the learning-rate
+schedule (:func:`learning_rate_at`), early stopping (:class:`EarlyStopping`), the step
+(:class:`Steps`) and the epoch loop (:func:`run_epoch`), which takes the all-reduce as a
+function, so a test can run it in one process with an identity all-reduce.
 
 The training step is split in three so each part can be timed: local gradients
 (``tf.function``), the all-reduce (Horovod, eager) and the optimizer update
@@ -18,6 +26,8 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
 
 # Tests: "RANK:EPOCH" makes that rank raise after that epoch; "RANK:EPOCH:exit" kills it;
 # "RANK:EPOCH:stop" freezes it (SIGSTOP), as a hung host would.
@@ -49,43 +59,11 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def read_shard(path: str, features_col: str, label_col: str, weight_col: str | None,
-               split_col: str | None = None):
-    """One rank's shard as numpy arrays, converted per Arrow column (no per-row Python).
-
-    Returns (x, y, w, is_validation) with ``is_validation`` None when there is no split.
-    """
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    columns = [features_col, label_col] + ([weight_col] if weight_col else []) + ([split_col] if split_col else [])
-    table = pq.read_table(path, columns=columns)
-    n = table.num_rows
-    feats = table.column(features_col).combine_chunks()
-    if feats.null_count:
-        raise ValueError(f"shard {path!r}: column {features_col!r} has {feats.null_count} null rows")
-    flat = feats.flatten().to_numpy(zero_copy_only=False).astype("float32", copy=False)
-    if n and flat.size % n:
-        raise ValueError(f"shard {path!r}: column {features_col!r} has rows of different lengths")
-    x = flat.reshape(n, flat.size // n if n else 0)
-    y = table.column(label_col).to_numpy().astype("float32")
-    w = (table.column(weight_col).to_numpy().astype("float32") if weight_col
-         else np.ones(n, dtype="float32"))
-    split = table.column(split_col).to_numpy(zero_copy_only=False).astype(bool) if split_col else None
-    return x, y, w, split
-
-
 def _pin_devices() -> str | None:
-    """On GPU executors, use only the GPU(s) Spark gave this rank's task."""
-    try:
-        from horovod.spark.task import get_available_devices
-        devices = get_available_devices()
-    except Exception:  # noqa: BLE001 - not under horovod.spark, or no resources
-        devices = None
-    if devices:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
-        return os.environ["CUDA_VISIBLE_DEVICES"]
-    return None
+    """The GPU(s) Spark gave this rank's task: the launcher has already set
+    ``CUDA_VISIBLE_DEVICES`` to them (None on CPU executors)."""
+    from sparkdeep.distributed import DEVICES_ENV
+    return os.environ.get(DEVICES_ENV) or None
 
 
 def make_metric(name: str, task: str):
@@ -173,170 +151,248 @@ class EarlyStopping:
             model.set_weights(self.best_weights)
 
 
-def train_rank(spec: dict) -> dict:
-    """Train on this rank's shard; rank 0 also returns the trained model and history."""
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs, typed, with no defaults of its own for a training setting:
+    the estimator fills every field from its params (where the defaults live)."""
+    model_bytes: bytes
+    task: str
+    loss: str
+    optimizer: str
+    learning_rate: float
+    scale_lr: bool
+    warmup_epochs: float
+    lr_schedule: str
+    epochs: int
+    batch_size: int
+    accumulation_steps: int
+    compression: str
+    metrics: tuple
+    early_stopping_patience: int
+    seed: int
+    threads: int
+    has_weight: bool
+    has_validation: bool
+    shuffle_buffer_rows: int
+    checkpoint_dir: str | None = None
+    # A resumed run: completed_epochs, history, model_bytes, optimizer_bytes (rank 0's state).
+    resume: dict | None = field(default=None)
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if self.compression not in ("none", "fp16") or self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
+
+    def describe(self) -> dict:
+        """The spec without its bytes (for logs and reports)."""
+        d = asdict(self)
+        d.pop("model_bytes")
+        if d["resume"]:
+            d["resume"] = {k: v for k, v in d["resume"].items() if not k.endswith("_bytes")}
+        return d
+
+
+class Steps:
+    """The step, in three parts so each is timed: local gradients (``tf.function``), the
+    all-reduce (given: Horovod on a rank, identity in a test), the optimizer update."""
+
+    def __init__(self, model, optimizer, loss_fn, task: str):
+        import tensorflow as tf
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        sparse = task == "multiclass"  # integer class labels against k outputs
+        self.target = (lambda yb: yb) if sparse else (lambda yb: yb[:, None])
+        target = self.target
+
+        # reduce_retracing: an epoch's last batch may be partial; one more trace, not one per size.
+        @tf.function(reduce_retracing=True)
+        def local_gradients(xb, yb, wb):
+            with tf.GradientTape() as tape:
+                pred = model(xb, training=True)
+                loss = tf.reduce_mean(loss_fn(target(yb), pred) * wb)
+            return loss, pred, tape.gradient(loss, model.trainable_variables)
+
+        @tf.function
+        def apply(grads):
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        @tf.function(reduce_retracing=True)
+        def predict(xb):
+            return model(xb, training=False)
+
+        self.local_gradients, self.apply, self.predict = local_gradients, apply, predict
+
+
+def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulation: int,
+              allreduce: Callable, set_lr: Callable[[], float], metrics=()) -> dict:
+    """One epoch: ``updates`` optimizer updates of ``accumulation`` batches each, gradients
+    all-reduced once per update. Returns the mean batch loss, the rows and batches seen,
+    the last learning rate and how the time went (input, compute, all-reduce)."""
+    t_input = t_compute = t_comm = 0.0
+    total, rows, batches_seen, lr = 0.0, 0, 0, float("nan")
+    first_step = None
+    for m in metrics:
+        m.reset_state()
+    for _ in range(updates):
+        acc = None
+        for _ in range(accumulation):
+            ta = time.perf_counter()
+            xb, yb, wb = next(batches)
+            tb = time.perf_counter()
+            loss, pred, grads = steps.local_gradients(xb, yb, wb)
+            for m in metrics:
+                m.update_state(steps.target(yb), pred, sample_weight=wb)
+            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            total += float(loss)
+            rows += len(yb)
+            batches_seen += 1
+            t_input += tb - ta
+            t_compute += time.perf_counter() - tb
+            if first_step is None:
+                first_step = time.time()
+        if accumulation > 1:
+            acc = [a / accumulation for a in acc]
+        tc = time.perf_counter()
+        reduced = allreduce(acc)
+        td = time.perf_counter()
+        lr = set_lr()
+        steps.apply(reduced)
+        t_comm += td - tc
+        t_compute += time.perf_counter() - td
+    return {"loss": total / max(batches_seen, 1), "rows": rows, "batches": batches_seen, "learning_rate": lr,
+            "input_s": t_input, "compute_s": t_compute, "allreduce_s": t_comm, "first_step": first_step}
+
+
+def evaluate_stream(steps: Steps, batches: Iterator[tuple], metrics=()) -> tuple[float, int]:
+    """Weighted loss sum and row count over ``batches`` (this rank's validation rows)."""
+    import tensorflow as tf
+    for m in metrics:
+        m.reset_state()
+    total, n = 0.0, 0
+    for xb, yb, wb in batches:
+        pred = steps.predict(xb)
+        total += float(tf.reduce_sum(steps.loss_fn(steps.target(yb), pred) * wb))
+        n += len(yb)
+        for m in metrics:
+            m.update_state(steps.target(yb), pred, sample_weight=wb)
+    return total, n
+
+
+def _shard_counts(folder: str) -> list:
+    """Every rank's training row count, as the launcher gathered them after spilling."""
+    from sparkdeep.distributed import read_shard_counts
+    return [c.get("train", 0) for c in read_shard_counts(folder)]
+
+
+def train_rank(spec: RankSpec) -> dict:
+    """Train on this rank's streamed shard; rank 0 also returns the trained model and history."""
+    from sparkdeep.distributed import RANK_DATA_ENV
+
+    from ._rank_feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps
     t_enter = time.time()
     pinned = _pin_devices()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import tensorflow as tf
 
-    threads = int(spec.get("threads") or 0)
-    if threads:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(int(spec.threads))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     import horovod.tensorflow as hvd
     import keras
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    keras.utils.set_random_seed(int(spec["seed"]) + rank)
+    keras.utils.set_random_seed(int(spec.seed) + rank)
 
-    resume = spec.get("resume")
-    model = keras_from_bytes(resume["model_bytes"] if resume else spec["model_bytes"])
-    x, y, w, split = read_shard(spec["shards"][rank], "features", "label",
-                                "weight" if spec.get("weight_col") else None,
-                                "is_validation" if spec.get("has_validation") else None)
-    if split is not None:
-        xv, yv, wv = x[split], y[split], w[split]
-        x, y, w = x[~split], y[~split], w[~split]
-    else:
-        xv = yv = wv = None
-    if len(y) == 0:
-        raise ValueError(f"rank {rank} got no training rows in shard {spec['shards'][rank]!r}")
-    batch = int(spec["batch_size"])
-    accum = max(1, int(spec.get("accumulation_steps", 1)))
-    # Every rank must run the same number of steps, or the all-reduce would wait forever
-    # for a rank that has finished its epoch: take the smallest shard's count, rounded
-    # to whole accumulation groups.
-    local_steps = -(-len(y) // batch)
-    steps = int(hvd.allreduce(tf.constant(local_steps, tf.int64), op=hvd.Min, name="steps_per_epoch"))
-    updates = max(1, steps // accum)
-    steps = updates * accum
+    resume = spec.resume
+    model = keras_from_bytes(resume["model_bytes"] if resume else spec.model_bytes)
+    folder = os.environ[RANK_DATA_ENV]
+    counts = _shard_counts(folder)
+    batch, accum = int(spec.batch_size), int(spec.accumulation_steps)
+    # Every rank runs the same number of steps (or an all-reduce would wait forever for a
+    # rank that finished its epoch), planned from the counts every rank already knows.
+    plan = plan_steps(counts, batch, accum)
+    steps_n, updates = plan.steps, plan.updates
+    feed = ShardFeed(folder, TRAIN, batch_size=batch, buffer_rows=spec.shuffle_buffer_rows,
+                     seed=int(spec.seed) * 1000 + rank, weight=spec.has_weight)
+    val_feed = ShardFeed(folder, VALIDATION, batch_size=batch, buffer_rows=spec.shuffle_buffer_rows,
+                         seed=0, weight=spec.has_weight) if spec.has_validation else None
 
-    base_lr = float(spec["learning_rate"])
-    target_lr = base_lr * (size if spec.get("scale_lr", True) else 1)
-    warmup = int(round(float(spec.get("warmup_epochs", 0)) * updates))
-    optimizer = keras.optimizers.get({"class_name": spec.get("optimizer", "adam"),
-                                      "config": {"learning_rate": base_lr}})
+    base_lr = float(spec.learning_rate)
+    target_lr = base_lr * (size if spec.scale_lr else 1)
+    warmup = int(round(float(spec.warmup_epochs) * updates))
+    optimizer = keras.optimizers.get({"class_name": spec.optimizer, "config": {"learning_rate": base_lr}})
     optimizer.build(model.trainable_variables)
     if resume and rank == 0:
-        with np.load(resume["optimizer_path"], allow_pickle=False) as saved:
+        import io
+        with np.load(io.BytesIO(resume["optimizer_bytes"]), allow_pickle=False) as saved:
             for i, var in enumerate(optimizer.variables):
                 var.assign(saved[f"v{i}"])
-    loss_fn = keras.losses.get(spec["loss"])
-    task = spec["task"]
-    sparse = task == "multiclass"  # integer class labels against k outputs
+    steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task)
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
     # replicas start identical and stay identical under averaged gradients.
     for i, var in enumerate(list(model.variables) + list(optimizer.variables)):
         var.assign(hvd.broadcast(tf.convert_to_tensor(var), root_rank=0, name=f"init_{i}"))
 
-    ds = (tf.data.Dataset.from_tensor_slices((x, y, w))
-          .shuffle(len(y), seed=int(spec["seed"]) + rank, reshuffle_each_iteration=True)
-          .repeat().batch(batch).prefetch(tf.data.AUTOTUNE))
-    it = iter(ds)
-    compression = hvd.Compression.fp16 if spec.get("compression") == "fp16" else hvd.Compression.none
-    grad_bytes_each = 2 if spec.get("compression") == "fp16" else 4
-    train_metrics = [make_metric(m, task) for m in spec.get("metrics", [])]
-    val_metrics = [make_metric(m, task) for m in spec.get("metrics", [])]
+    compression = hvd.Compression.fp16 if spec.compression == "fp16" else hvd.Compression.none
+    grad_bytes = sum(int(np.prod(v.shape)) for v in model.trainable_variables) * (
+        2 if spec.compression == "fp16" else 4)
+    train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
+    val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
 
-    def _target(yb):
-        return yb if sparse else yb[:, None]
+    def allreduce(grads):
+        return hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
 
-    @tf.function
-    def local_gradients(xb, yb, wb):
-        with tf.GradientTape() as tape:
-            pred = model(xb, training=True)
-            loss = tf.reduce_mean(loss_fn(_target(yb), pred) * wb)
-        return loss, pred, tape.gradient(loss, model.trainable_variables)
-
-    @tf.function
-    def apply(grads):
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-    @tf.function
-    def predict(xb):
-        return model(xb, training=False)
-
-    def evaluate(xe, ye, we, metrics):
-        """Weighted loss and metrics on this rank's rows, averaged over ranks by row count."""
-        for m in metrics:
-            m.reset_state()
-        total, n = 0.0, 0
-        for start in range(0, len(ye), 4096):
-            xb, yb, wb = xe[start:start + 4096], ye[start:start + 4096], we[start:start + 4096]
-            pred = predict(xb)
-            total += float(tf.reduce_sum(loss_fn(_target(yb), pred) * wb))
-            n += len(yb)
-            for m in metrics:
-                m.update_state(_target(yb), pred, sample_weight=wb)
-        sums = hvd.allreduce(tf.constant([total, float(n)], tf.float64), op=hvd.Sum, name="eval_sums")
-        out = {"loss": float(sums[0] / max(float(sums[1]), 1.0))}
-        for m in metrics:
-            out[m.name] = float(hvd.allreduce(tf.constant(float(m.result())), op=hvd.Average,
-                                              name=f"eval_{m.name}"))
-        return out
+    def average(value: float, name: str) -> float:
+        return float(hvd.allreduce(tf.constant(float(value)), op=hvd.Average, name=name))
 
     fail_at = os.environ.get(FAIL_AT_EPOCH_ENV, "")
     history = list(resume["history"]) if resume else []
     start_epoch = int(resume["completed_epochs"]) if resume else 0
-    epochs = int(spec["epochs"])
-    monitor = "val_loss" if xv is not None else "loss"
-    stopping = EarlyStopping(monitor, int(spec.get("early_stopping_patience", 0)), history)
+    epochs = int(spec.epochs)
+    monitor = "val_loss" if val_feed is not None else "loss"
+    stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history)
     t_first_step = None
     t_train0 = time.time()
     update_no = start_epoch * updates
-    comm_calls = comm_bytes = 0
+    comm_calls = 0
+    seen_rows = []
+
+    def set_lr() -> float:
+        nonlocal update_no
+        update_no += 1
+        lr = learning_rate_at(update_no, base_lr, target_lr, warmup, epochs * updates, spec.lr_schedule)
+        optimizer.learning_rate.assign(lr)
+        return lr
+
     for epoch in range(start_epoch, epochs):
         t0 = time.time()
-        t_input = t_compute = t_comm = 0.0
-        total = 0.0
-        for m in train_metrics:
-            m.reset_state()
-        for _ in range(updates):
-            acc = None
-            for _ in range(accum):
-                ta = time.perf_counter()
-                xb, yb, wb = next(it)
-                tb = time.perf_counter()
-                loss, pred, grads = local_gradients(xb, yb, wb)
-                for m in train_metrics:
-                    m.update_state(_target(yb), pred, sample_weight=wb)
-                acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
-                total += float(loss)
-                tc = time.perf_counter()
-                t_input += tb - ta
-                t_compute += tc - tb
-                if t_first_step is None:
-                    t_first_step = time.time()
-            if accum > 1:
-                acc = [a / accum for a in acc]
-            tc = time.perf_counter()
-            reduced = hvd.grouped_allreduce(acc, op=hvd.Average, compression=compression)
-            td = time.perf_counter()
-            comm_calls += 1
-            comm_bytes += sum(int(np.prod(g.shape)) for g in acc) * grad_bytes_each
-            update_no += 1
-            lr = learning_rate_at(update_no, base_lr, target_lr, warmup, epochs * updates,
-                                  spec.get("lr_schedule", "constant"))
-            optimizer.learning_rate.assign(lr)
-            apply(reduced)
-            t_comm += td - tc
-            t_compute += time.perf_counter() - td
+        batches = Prefetch(feed.epoch(epoch, steps_n), depth=3)
+        try:
+            done = run_epoch(steps, batches, updates=updates, accumulation=accum, allreduce=allreduce,
+                             set_lr=set_lr, metrics=train_metrics)
+        finally:
+            batches.close()
+        comm_calls += updates
+        seen_rows.append(done["rows"])
+        t_first_step = t_first_step or done["first_step"]
         seconds = time.time() - t0
-        record = {"epoch": epoch + 1,
-                  "loss": float(hvd.allreduce(tf.constant(total / steps), op=hvd.Average, name=f"loss_{epoch}")),
-                  "learning_rate": float(lr), "seconds": round(seconds, 3),
-                  "samples_per_s": round(steps * batch * size / seconds, 1),
-                  "input_s": round(t_input, 3), "compute_s": round(t_compute, 3), "allreduce_s": round(t_comm, 3)}
+        record = {"epoch": epoch + 1, "loss": average(done["loss"], f"loss_{epoch}"),
+                  "learning_rate": float(done["learning_rate"]), "seconds": round(seconds, 3),
+                  "samples_per_s": round(average(done["rows"], f"rows_{epoch}") * size / seconds, 1),
+                  "input_s": round(done["input_s"], 3), "compute_s": round(done["compute_s"], 3),
+                  "allreduce_s": round(done["allreduce_s"], 3)}
         for m in train_metrics:
-            record[m.name] = float(hvd.allreduce(tf.constant(float(m.result())), op=hvd.Average,
-                                                 name=f"train_{m.name}_{epoch}"))
-        if xv is not None:
-            for k, v in evaluate(xv, yv, wv, val_metrics).items():
-                record[f"val_{k}"] = v
+            record[m.name] = average(m.result(), f"train_{m.name}_{epoch}")
+        if val_feed is not None:
+            total, n = evaluate_stream(steps, val_feed.sequential(), val_metrics)
+            sums = hvd.allreduce(tf.constant([total, float(n)], tf.float64), op=hvd.Sum, name=f"eval_{epoch}")
+            record["val_loss"] = float(sums[0] / max(float(sums[1]), 1.0))
+            for m in val_metrics:
+                record[f"val_{m.name}"] = average(m.result(), f"eval_{m.name}_{epoch}")
         require_finite(record, epoch + 1)
         history.append(record)
         stop = stopping.update(record, model.get_weights)
@@ -346,11 +402,11 @@ def train_rank(spec: dict) -> dict:
                              if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
                                           "input_s", "compute_s", "allreduce_s"))
             print(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
-                  f"samples/s={record['samples_per_s']:.0f} input={t_input:.1f}s compute={t_compute:.1f}s "
-                  f"allreduce={t_comm:.1f}s ({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
-            if spec.get("checkpoint_dir"):
-                _checkpoint(spec["checkpoint_dir"], model, optimizer,
-                            {"completed_epochs": epoch + 1, "history": history})
+                  f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
+                  f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
+                  f"({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
+            if spec.checkpoint_dir:
+                _checkpoint(spec.checkpoint_dir, model, optimizer, {"completed_epochs": epoch + 1, "history": history})
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):
                 os._exit(3)  # a rank that dies without a Python exception
@@ -363,13 +419,15 @@ def train_rank(spec: dict) -> dict:
                 print(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs", flush=True)
             break
     stopping.restore(model)
-    stopped_early = stopping.stopped
     t_end = time.time()
+    feed.close()
 
     result = {
-        "rank": rank, "size": size, "rows": int(len(y)), "validation_rows": int(len(yv) if yv is not None else 0),
-        "steps_per_epoch": steps, "updates_per_epoch": updates, "stopped_early": stopped_early,
-        "allreduce_calls": comm_calls, "allreduce_bytes": comm_bytes, "devices": pinned,
+        "rank": rank, "size": size, "rows": feed.rows, "validation_rows": val_feed.rows if val_feed else 0,
+        "rows_per_epoch": plan.rows_per_epoch[rank], "trimmed_per_epoch": plan.trimmed_per_epoch[rank],
+        "rows_seen": seen_rows, "max_window_rows": feed.max_window_rows,
+        "steps_per_epoch": steps_n, "updates_per_epoch": updates, "stopped_early": stopping.stopped,
+        "allreduce_calls": comm_calls, "allreduce_bytes": comm_calls * grad_bytes, "devices": pinned,
         "weights_digest": weights_digest(model),
         # Where this rank imported the project from: the shipped archive on a cluster.
         "code_path": _code_root(),

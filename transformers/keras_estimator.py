@@ -1,8 +1,10 @@
 """Horovod-on-Spark Keras training as an MLlib Estimator, and its batch-scoring Model.
 
-``KerasHorovodEstimator.fit(df)`` stages ``df`` as ``numProc`` Parquet shards, starts
-``numProc`` Horovod ranks as Spark tasks (Gloo ring all-reduce), each reading only its
-own shard, and returns a :class:`KerasHorovodModel` holding the trained network as
+``KerasHorovodEstimator.fit(df)`` runs one Spark barrier stage of ``numProc`` tasks over
+``df`` repartitioned ``numProc`` ways; each task spills its own partition to its local
+disk and starts one Horovod rank (Gloo ring all-reduce) that streams it through a
+bounded shuffle window every epoch (``sparkdeep.distributed``, ``._rank_feed``), and
+``fit`` returns a :class:`KerasHorovodModel` holding the trained network as
 ``.keras`` bytes. The model scores whole Arrow batches with an iterator Arrow UDF and
 saves through MLlib persistence: JSON metadata plus ``model/model.keras``.
 
@@ -20,10 +22,7 @@ import importlib
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
-import uuid
 from typing import Any, Iterator
 
 import numpy as np
@@ -45,6 +44,7 @@ from sparkdeep import fs, tasks
 from sparkdeep.distributed import run_on_ranks
 
 from . import _rank_training
+from ._rank_feed import ShardSpill
 from ._vectors import list_matrix, require_new
 from .keras_models import DEFAULT_BUILDERS
 from .sampling import hash_uniform
@@ -134,7 +134,7 @@ class _KerasNetworkParams(Params):
 
 
 class _HorovodRunParams(Params):
-    """How to train: ranks, epochs, batches and where shards are staged."""
+    """How to train: ranks, epochs, batches and each rank's memory bound."""
 
     numProc = Param(Params._dummy(), "numProc", "number of Horovod ranks (Spark tasks), >= 1",
                     typeConverter=TypeConverters.toInt)
@@ -159,14 +159,14 @@ class _HorovodRunParams(Params):
     stallTimeout = Param(Params._dummy(), "stallTimeout",
                          "seconds a rank may go without a heartbeat before fit fails naming it (> 0)",
                          typeConverter=TypeConverters.toFloat)
-    stagingDir = Param(Params._dummy(), "stagingDir",
-                       "folder for the per-rank Parquet shards, visible to every executor "
-                       "('' = a temp folder on the driver, fine for local and one-host clusters)",
-                       typeConverter=TypeConverters.toString)
+    shuffleBufferRows = Param(Params._dummy(), "shuffleBufferRows",
+                              "rows in each rank's shuffle window (>= 1): a rank holds at most this many rows "
+                              "plus one stored chunk and a few batches, whatever its shard's size",
+                              typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(numProc=2, epochs=5, batchSize=256, stagingDir="", accumulationSteps=1,
+        self._setDefault(numProc=2, epochs=5, batchSize=256, shuffleBufferRows=65536, accumulationSteps=1,
                          compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
                          lrSchedule="constant")
 
@@ -254,7 +254,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                  validationFraction: float | None = None,
                  validationCol: str | None = None, earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
-                 stagingDir: str | None = None, seed: int | None = None, handleInvalid: str | None = None,
+                 shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
                  stallTimeout: float | None = None):
         super().__init__()
         self._setDefault(seed=42)
@@ -289,7 +289,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             if wcol not in schema.fieldNames() or not isinstance(schema[wcol].dataType, T.NumericType):
                 raise ValueError(f"weightCol {wcol!r} must be a numeric column of the input")
         for name, value, low in (("numProc", self.getNumProc(), 1), ("epochs", self.getEpochs(), 1),
-                                 ("batchSize", self.getBatchSize(), 1)):
+                                 ("batchSize", self.getBatchSize(), 1),
+                                 ("shuffleBufferRows", self.getOrDefault(self.shuffleBufferRows), 1)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if not (math.isfinite(self.getLearningRate()) and self.getLearningRate() > 0):
@@ -318,12 +319,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         if self.getOrDefault(self.earlyStoppingPatience) < 0:
             raise ValueError("earlyStoppingPatience must be >= 0")
         self.checkpoint_folder()
-        conf = dataset.sparkSession.sparkContext.getConf()
-        master = conf.get("spark.master", "")
-        retries = int(conf.get("spark.task.maxFailures", "4"))
-        if not master.startswith("local") and retries > 1:
-            raise ValueError(f"spark.task.maxFailures={retries}: a retried task would start a second copy of a "
-                             "Horovod rank; set spark.task.maxFailures=1 for training jobs")
+        master = dataset.sparkSession.sparkContext.getConf().get("spark.master", "")
         slots = task_slots(dataset.sparkSession.sparkContext, self.getNumProc())
         if self.getNumProc() > slots:
             raise ValueError(f"numProc={self.getNumProc()} exceeds the {slots} tasks Spark can run at once "
@@ -404,40 +400,25 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             model._set(task=task)
             return model
 
-        own_tmp = not self.getOrDefault(self.stagingDir)
-        root = tempfile.mkdtemp(prefix="sparkdeep-stage-") if own_tmp else self.getOrDefault(self.stagingDir)
-        stage_dir = os.path.join(root, f"shards-{uuid.uuid4().hex[:12]}")
-        try:
-            shards = _stage_shards(staged, stage_dir, num_proc)
-            input_dim = checked["width"]
-            spec = {
-                "model_bytes": model_bytes,
-                "shards": shards,
-                "weight_col": "weight" if wcol else None,
-                "has_validation": bool(vcol or frac),
-                "epochs": self.getEpochs(), "batch_size": self.getBatchSize(),
-                "learning_rate": self.getLearningRate(),
-                "scale_lr": self.getOrDefault(self.scaleLearningRate),
-                "warmup_epochs": self.getOrDefault(self.warmupEpochs),
-                "lr_schedule": self.getOrDefault(self.lrSchedule),
-                "optimizer": self.getOrDefault(self.optimizer), "loss": self.getOrDefault(self.loss).lower(),
-                "task": task,
-                "metrics": list(self.getOrDefault(self.metrics)),
-                "accumulation_steps": self.getOrDefault(self.accumulationSteps),
-                "compression": self.getOrDefault(self.compression),
-                "early_stopping_patience": self.getOrDefault(self.earlyStoppingPatience),
-                "checkpoint_dir": folder, "resume": resume,
-                "seed": self.getOrDefault(self.seed),
-                "threads": max(1, (os.cpu_count() or 1) // num_proc),
-            }
-            if resume:
-                print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
-                      f"{resume['completed_epochs']}", flush=True)
-            t_staged = time.time()
-            results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc,
-                                   stall_timeout=self.getOrDefault(self.stallTimeout))
-        finally:
-            shutil.rmtree(root if own_tmp else stage_dir, ignore_errors=True)
+        input_dim = checked["width"]
+        has_validation = bool(vcol or frac)
+        spec = _rank_training.RankSpec(
+            model_bytes=model_bytes, task=task, loss=self.getOrDefault(self.loss).lower(),
+            optimizer=self.getOrDefault(self.optimizer), learning_rate=self.getLearningRate(),
+            scale_lr=self.getOrDefault(self.scaleLearningRate), warmup_epochs=self.getOrDefault(self.warmupEpochs),
+            lr_schedule=self.getOrDefault(self.lrSchedule), epochs=self.getEpochs(), batch_size=self.getBatchSize(),
+            accumulation_steps=self.getOrDefault(self.accumulationSteps),
+            compression=self.getOrDefault(self.compression), metrics=tuple(self.getOrDefault(self.metrics)),
+            early_stopping_patience=self.getOrDefault(self.earlyStoppingPatience), seed=self.getOrDefault(self.seed),
+            threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
+            shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), checkpoint_dir=folder, resume=resume)
+        if resume:
+            print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
+                  f"{resume['completed_epochs']}", flush=True)
+        t_staged = time.time()
+        spill = ShardSpill(split_col="is_validation" if has_validation else None)
+        results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
+                               stall_timeout=self.getOrDefault(self.stallTimeout))
         t_done = time.time()
 
         chief = results[0]
@@ -446,18 +427,23 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         summary = {
             "history": chief["history"],
             "ranks": [{"rank": r["rank"], "rows": r["rows"], "validation_rows": r["validation_rows"],
+                       "rows_per_epoch": r["rows_per_epoch"], "trimmed_per_epoch": r["trimmed_per_epoch"],
+                       "max_window_rows": r["max_window_rows"],
                        "weights_digest": r["weights_digest"], "allreduce_calls": r["allreduce_calls"],
                        "allreduce_bytes": r["allreduce_bytes"], "devices": r["devices"],
                        "code_path": r["code_path"]} for r in results],
             "steps_per_epoch": chief["steps_per_epoch"],
             "updates_per_epoch": chief["updates_per_epoch"],
             "stopped_early": chief["stopped_early"],
+            # Rows no rank used in an epoch (larger shards beyond the smallest's step count).
+            "trimmed_rows_per_epoch": sum(r["trimmed_per_epoch"] for r in results),
+            "shuffle_buffer_rows": spec.shuffle_buffer_rows,
             "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
             "input_dim": input_dim,
             "task": task,
             "skipped_rows": skipped,
             "timings_s": {
-                "staging": round(t_staged - t_launch, 3),
+                "checks": round(t_staged - t_launch, 3),
                 "launch_to_first_step": round(first_step - t_launch, 3),
                 "training": round(max(r["timings"]["end"] for r in results) - train_start, 3),
                 "fit_total": round(t_done - t_launch, 3),
@@ -478,8 +464,10 @@ def _read_checkpoint(folder: str) -> dict | None:
         state = json.load(fh)
     with open(os.path.join(folder, "model.keras"), "rb") as fh:
         model_bytes = fh.read()
+    with open(os.path.join(folder, "optimizer.npz"), "rb") as fh:
+        optimizer_bytes = fh.read()
     return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
-            "model_bytes": model_bytes, "optimizer_path": os.path.join(folder, "optimizer.npz")}
+            "model_bytes": model_bytes, "optimizer_bytes": optimizer_bytes}
 
 
 def _parameters(fn) -> set[str]:
@@ -505,18 +493,6 @@ def _resolve_builder(spec: str):
     if not callable(fn):
         raise ValueError(f"modelBuilder {spec!r} is not callable")
     return fn
-
-
-def _stage_shards(df: DataFrame, folder: str, num_proc: int) -> list[str]:
-    """Write ``df`` as exactly ``num_proc`` Parquet files, one per rank, and list them."""
-    df.repartition(num_proc).write.mode("overwrite").parquet(folder)
-    local = folder[len("file:"):] if folder.startswith("file:") else folder
-    files = sorted(os.path.join(folder, f) for f in os.listdir(local)
-                   if f.startswith("part-") and f.endswith(".parquet"))
-    if len(files) != num_proc:
-        raise ValueError(f"training data has too few rows for numProc={num_proc}: "
-                         f"staging produced {len(files)} non-empty shards")
-    return files
 
 
 def float_arrays(schema: T.StructType, fcol: str):

@@ -1,0 +1,49 @@
+"""One Horovod rank as a process: ``python -m sparkdeep._rank_process WORKDIR``.
+
+Started by its Spark barrier task (:func:`sparkdeep.distributed._rank_task`), which wrote
+``WORKDIR/call.pkl`` (the function and its arguments, pickled on this run's driver) and
+set the Horovod variables. Beats to the driver while it runs; writes ``result.pkl``, or on
+an exception ``failure.txt`` (also sent to the driver) and exits 1.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def main(work: str) -> int:
+    from sparkdeep.distributed import _BEAT_ENV, heartbeat, send
+
+    rank = os.environ.get("HOROVOD_RANK", "?")
+    setting = os.environ.get(_BEAT_ENV, "")
+    if setting:
+        heartbeat(rank, setting)
+    import cloudpickle
+    try:
+        with open(os.path.join(work, "call.pkl"), "rb") as fh:
+            fn, args, kwargs = cloudpickle.load(fh)
+        result = fn(*args, **kwargs)
+        data = cloudpickle.dumps(result)
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process exits 1
+        message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+        traceback.print_exc(file=sys.stderr)
+        with open(os.path.join(work, "failure.txt"), "w") as fh:
+            fh.write(message)
+        if setting:
+            try:
+                send(setting, "fail", rank, message)
+            except OSError:
+                pass  # the task reports failure.txt with the stage
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)  # no atexit hooks: Horovod's shutdown may block on a peer that is gone
+    with open(os.path.join(work, "result.pkl.tmp"), "wb") as fh:
+        fh.write(data)
+    os.replace(os.path.join(work, "result.pkl.tmp"), os.path.join(work, "result.pkl"))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
