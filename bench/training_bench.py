@@ -2,9 +2,10 @@
 
 All ratios are measured side by side in this one run:
 
-- feed: steps/s of the rank's input path (Parquet shard -> numpy via Arrow -> tf.data
-  with shuffle and prefetch) / steps/s of the same loop fed from numpy already in memory;
-  same model, batch size and threads, one process, no Horovod.
+- feed: steps/s of the rank's streamed input (its partition spilled as Arrow chunks,
+  read back through a shuffle window and a prefetch thread) / steps/s of the same epoch
+  loop fed from numpy already in memory through tf.data; same model, batch size and
+  threads, one process, no Horovod (issue 14: >= 0.95).
 - scaling: samples/s with 2 ranks / (2 x samples/s with 1 rank), one intra-op thread per
   rank so both runs get one core per rank; epochs after the first.
 - launch overhead: fit wall time minus in-loop training time, as a share of a 2-minute job.
@@ -29,12 +30,18 @@ import numpy as np
 import _results  # bench/_results.py (the script folder is on sys.path)
 
 
-def feed_ratio(rows, features, batch, epochs=2):
+def feed_ratio(rows, features, batch, epochs=4, buffer_rows=65536):
+    """The rank's streamed feed (spilled Arrow chunks -> shuffle window -> prefetch thread)
+    against numpy already in memory, two ways: through tf.data (shuffle over all rows,
+    prefetch: the feed the ranks used before), and as a whole-array permutation sliced into
+    batches (the fastest in-memory feed we know). All drive the rank's own epoch loop
+    (Steps + run_epoch, identity all-reduce)."""
+    import keras
     import pyarrow as pa
-    import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from sparkdeep.transformers._rank_training import read_shard
+    from sparkdeep.transformers._rank_feed import Prefetch, ShardFeed, ShardSpill, chunk_rows_for, plan_steps
+    from sparkdeep.transformers._rank_training import Steps, _as_tensors, run_epoch
     from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -42,48 +49,54 @@ def feed_ratio(rows, features, batch, epochs=2):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, features)).astype("float32")
     y = (x[:, 0] + 0.5 * rng.normal(size=rows) > 0).astype("float32")
+    w = np.ones(rows, dtype="float32")
+    plan = plan_steps([rows], batch)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "shard.parquet")
-        flat = pa.array(x.ravel())
-        lists = pa.FixedSizeListArray.from_arrays(flat, features).cast(pa.list_(pa.float32()))
-        pq.write_table(pa.table({"features": lists, "label": pa.array(y)}), path)
+        spill = ShardSpill(chunk_rows=chunk_rows_for(buffer_rows)).open(tmp)
+        lists = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), features).cast(pa.list_(pa.float32()))
+        whole = pa.RecordBatch.from_arrays([lists, pa.array(y)], names=["features", "label"])
+        for start in range(0, rows, 10_000):  # as Spark delivers them: 10,000-row Arrow batches
+            spill.write(whole.slice(start, 10_000))
+        spill.close()
 
-        def run(source):
-            import keras
+        def run(kind):
             model = mlp_binary_classifier(features, hidden_units=(64, 32), dropout=0.0)
             opt = keras.optimizers.Adam(0.001)
-            loss_fn = keras.losses.get("binary_crossentropy")
-
-            @tf.function
-            def step(xb, yb):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(loss_fn(yb[:, None], model(xb, training=True)))
-                grads = tape.gradient(loss, model.trainable_variables)
-                opt.apply_gradients(zip(grads, model.trainable_variables))
-                return loss
-
-            t0 = time.perf_counter()
-            xs, ys = source()
-            ds = (tf.data.Dataset.from_tensor_slices((xs, ys)).shuffle(len(ys), seed=1)
-                  .repeat().batch(batch).prefetch(tf.data.AUTOTUNE))
-            it = iter(ds)
-            steps = epochs * (len(ys) // batch)
-            step(*next(it))  # trace outside the timing of both variants alike
-            t1 = time.perf_counter()
-            for _ in range(steps):
-                step(*next(it))
-            t2 = time.perf_counter()
-            return steps / (t2 - t1), steps / (t2 - t0)
+            opt.build(model.trainable_variables)
+            steps = Steps(model, opt, keras.losses.get("binary_crossentropy"), "binary")
+            if kind == "numpy":
+                def epoch_batches(epoch):
+                    perm = np.random.default_rng(epoch).permutation(rows)
+                    for i in range(plan.steps):
+                        idx = perm[i * batch:(i + 1) * batch]
+                        yield x[idx], y[idx], w[idx]
+                source = lambda epoch: Prefetch(epoch_batches(epoch), convert=_as_tensors)  # noqa: E731
+            elif kind == "memory":
+                ds = (tf.data.Dataset.from_tensor_slices((x, y, w)).shuffle(rows, seed=1)
+                      .repeat().batch(batch).prefetch(tf.data.AUTOTUNE))
+                it = iter(ds)
+                source = lambda epoch: it  # noqa: E731
+            else:
+                feed = ShardFeed(tmp, batch_size=batch, buffer_rows=buffer_rows, seed=1)
+                source = lambda epoch: Prefetch(feed.epoch(epoch, plan.steps), convert=_as_tensors)  # noqa: E731
+            rates = []
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                run_epoch(steps, source(epoch), updates=plan.updates, accumulation=1, allreduce=lambda g: g,
+                          set_lr=lambda: 0.001)
+                rates.append(plan.steps / (time.perf_counter() - t0))
+            return max(rates[1:])  # the first epoch traces the step
 
         # Alternate the two and keep each one's best, so neither pays the warm-up alone.
-        mem_sps, _ = run(lambda: (x, y))
-        shard_sps, shard_sps_incl_read = run(lambda: read_shard(path, "features", "label", None)[:2])
-        mem_sps = max(mem_sps, run(lambda: (x, y))[0])
-        again = run(lambda: read_shard(path, "features", "label", None)[:2])
-        shard_sps, shard_sps_incl_read = max(shard_sps, again[0]), max(shard_sps_incl_read, again[1])
-    return {"shard_steps_per_s": round(shard_sps, 1), "memory_steps_per_s": round(mem_sps, 1),
-            "ratio": round(shard_sps / mem_sps, 3),
-            "shard_steps_per_s_including_read": round(shard_sps_incl_read, 1)}
+        best = {k: 0.0 for k in ("memory", "numpy", "streamed")}
+        for _ in range(3):
+            for kind in best:
+                best[kind] = max(best[kind], run(kind))
+    return {"streamed_steps_per_s": round(best["streamed"], 1), "memory_steps_per_s": round(best["memory"], 1),
+            "numpy_permutation_steps_per_s": round(best["numpy"], 1),
+            "ratio": round(best["streamed"] / best["memory"], 3),
+            "ratio_to_numpy_permutation": round(best["streamed"] / best["numpy"], 3),
+            "rows": rows, "features": features, "batch": batch, "shuffle_buffer_rows": buffer_rows}
 
 
 def run_training_benches(df, args, results, KerasHorovodEstimator):
@@ -117,7 +130,7 @@ def run_training_benches(df, args, results, KerasHorovodEstimator):
     t = two.trainingSummary["timings_s"]
     overhead = t["fit_total"] - t["training"]
     results["launch_overhead"] = {"fit_total_s": t["fit_total"], "training_s": t["training"],
-                                  "staging_s": t["staging"], "launch_to_first_step_s": t["launch_to_first_step"],
+                                  "checks_s": t["checks"], "launch_to_first_step_s": t["launch_to_first_step"],
                                   "overhead_s": round(overhead, 2),
                                   "share_of_2_minute_job": round(overhead / 120.0, 3)}
     print("launch", results["launch_overhead"], flush=True)
@@ -131,17 +144,25 @@ def main(argv=None):
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--only", choices=["all", "scoring"], default="all",
-                   help="scoring: only the scoring ratio, with an untrained network of the same shape")
+    p.add_argument("--only", choices=["all", "scoring", "feed"], default="all",
+                   help="scoring: only the scoring ratio, with an untrained network of the same shape; "
+                        "feed: only the streamed feed against in-memory numpy (batches 256 and 1024)")
     p.add_argument("--out", default=None, help="default: bench/results/training.json (training-scoring.json with --only scoring)")
     args = p.parse_args(argv)
-    name = "training.json" if args.only == "all" else "training-scoring.json"
+    name = {"all": "training.json", "scoring": "training-scoring.json", "feed": "training-feed.json"}[args.only]
     args.out = args.out or os.path.join(os.path.dirname(__file__), "results", name)
     results: dict = {}
 
-    if args.only == "all":
+    if args.only in ("all", "feed"):
         results["feed"] = feed_ratio(min(args.rows, 200_000), args.features, args.batch)
         print("feed", results["feed"], flush=True)
+    if args.only == "feed":
+        results["feed_batch_1024"] = feed_ratio(min(args.rows, 200_000), args.features, 1024)
+        print("feed_batch_1024", results["feed_batch_1024"], flush=True)
+        results["config"] = vars(args)
+        results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _results.write(args.out, results)
+        return 0
 
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F

@@ -90,6 +90,12 @@ class ShardSpill:
         return {part: index[part]["rows"] for part in index}
 
 
+def chunk_rows_for(buffer_rows: int) -> int:
+    """Stored chunk size for a shuffle window: an eighth of it (a window mixes at least eight
+    chunks from anywhere in the shard and exceeds the bound by at most 1/8), 16 to 2048 rows."""
+    return max(16, min(2048, int(buffer_rows) // 8))
+
+
 def read_index(folder: str) -> dict:
     path = os.path.join(folder, "index.json")
     if not os.path.isfile(path):
@@ -172,17 +178,18 @@ class ShardFeed:
 
         def drain(final: bool):
             nonlocal window, held, emitted
-            x, y, w = (np.concatenate([c[k] for c in window]) for k in range(3))
+            x, y, w = (np.concatenate([c[k] for c in window]) if len(window) > 1 else window[0][k] for k in range(3))
             perm = rng.permutation(len(y))
-            x, y, w = x[perm], y[perm], w[perm]
             start = 0
             while emitted < steps and (len(y) - start >= self.batch or (final and len(y) > start)):
                 end = min(start + self.batch, len(y))
-                yield x[start:end], y[start:end], w[start:end]
+                idx = perm[start:end]
+                yield x[idx], y[idx], w[idx]
                 emitted += 1
                 start = end
-            window = [(x[start:], y[start:], w[start:])] if start < len(y) else []
-            held = len(y) - start
+            rest = perm[start:]
+            window = [(x[rest], y[rest], w[rest])] if len(rest) else []
+            held = len(rest)
 
         for i in order:
             if emitted >= steps:
@@ -209,14 +216,18 @@ class ShardFeed:
 
 class Prefetch:
     """Runs an iterator in a background thread, ``depth`` items ahead (reading and
-    shuffling the next batches while the current step computes); re-raises its errors."""
+    shuffling the next batches while the current step computes); re-raises its errors.
+    ``convert`` is applied to each item in that thread (the rank turns numpy batches into
+    tensors there: a step called with tensors dispatches faster than with numpy)."""
 
     _END = object()
 
-    def __init__(self, items: Iterator, depth: int = 3):
+    def __init__(self, items: Iterator, depth: int = 3, convert=None):
         self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._error: BaseException | None = None
         self._stop = threading.Event()
+        if convert is not None:
+            items = (convert(item) for item in items)
         self._thread = threading.Thread(target=self._run, args=(items,), name="sparkdeep-prefetch", daemon=True)
         self._thread.start()
 
@@ -233,7 +244,12 @@ class Prefetch:
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             self._error = exc
-        self._q.put(self._END)
+        while not self._stop.is_set():
+            try:
+                self._q.put(self._END, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def __iter__(self):
         return self

@@ -195,6 +195,14 @@ class RankSpec:
         return d
 
 
+def _class_target(yb):
+    return yb
+
+
+def _column_target(yb):
+    return yb[:, None]
+
+
 class Steps:
     """The step, in three parts so each is timed: local gradients (``tf.function``), the
     all-reduce (given: Horovod on a rank, identity in a test), the optimizer update."""
@@ -202,9 +210,8 @@ class Steps:
     def __init__(self, model, optimizer, loss_fn, task: str):
         import tensorflow as tf
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        sparse = task == "multiclass"  # integer class labels against k outputs
-        self.target = (lambda yb: yb) if sparse else (lambda yb: yb[:, None])
-        target = self.target
+        # Integer class labels against k outputs; otherwise one column per row.
+        self.target = target = _class_target if task == "multiclass" else _column_target
 
         # reduce_retracing: an epoch's last batch may be partial; one more trace, not one per size.
         @tf.function(reduce_retracing=True)
@@ -278,6 +285,11 @@ def evaluate_stream(steps: Steps, batches: Iterator[tuple], metrics=()) -> tuple
         for m in metrics:
             m.update_state(steps.target(yb), pred, sample_weight=wb)
     return total, n
+
+
+def _as_tensors(batch: tuple) -> tuple:
+    import tensorflow as tf
+    return tuple(tf.convert_to_tensor(a) for a in batch)
 
 
 def _shard_counts(folder: str) -> list:
@@ -370,7 +382,7 @@ def train_rank(spec: RankSpec) -> dict:
 
     for epoch in range(start_epoch, epochs):
         t0 = time.time()
-        batches = Prefetch(feed.epoch(epoch, steps_n), depth=3)
+        batches = Prefetch(feed.epoch(epoch, steps_n), depth=3, convert=_as_tensors)
         try:
             done = run_epoch(steps, batches, updates=updates, accumulation=accum, allreduce=allreduce,
                              set_lr=set_lr, metrics=train_metrics)

@@ -44,7 +44,7 @@ from sparkdeep import fs, tasks
 from sparkdeep.distributed import run_on_ranks
 
 from . import _rank_training
-from ._rank_feed import ShardSpill
+from ._rank_feed import ShardSpill, chunk_rows_for
 from ._vectors import list_matrix, require_new
 from .keras_models import DEFAULT_BUILDERS
 from .sampling import hash_uniform
@@ -416,7 +416,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
                   f"{resume['completed_epochs']}", flush=True)
         t_staged = time.time()
-        spill = ShardSpill(split_col="is_validation" if has_validation else None)
+        spill = ShardSpill(split_col="is_validation" if has_validation else None,
+                           chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
         results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
                                stall_timeout=self.getOrDefault(self.stallTimeout))
         t_done = time.time()
@@ -428,7 +429,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             "history": chief["history"],
             "ranks": [{"rank": r["rank"], "rows": r["rows"], "validation_rows": r["validation_rows"],
                        "rows_per_epoch": r["rows_per_epoch"], "trimmed_per_epoch": r["trimmed_per_epoch"],
-                       "max_window_rows": r["max_window_rows"],
+                       "rows_seen": r["rows_seen"], "max_window_rows": r["max_window_rows"],
                        "weights_digest": r["weights_digest"], "allreduce_calls": r["allreduce_calls"],
                        "allreduce_bytes": r["allreduce_bytes"], "devices": r["devices"],
                        "code_path": r["code_path"]} for r in results],

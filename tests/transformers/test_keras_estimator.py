@@ -174,6 +174,31 @@ def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, mo
 
 
 @pytest.mark.slow
+def test_skewed_input_partitions_stream_through_a_small_window_every_row_once_per_epoch(cancer):
+    """Issue 14: all rows in one input partition, a shuffle window many times smaller than
+    each rank's shard: the ranks get even shards, run equal steps, see every training row
+    once per epoch apart from the counted trim, and never hold more than the window."""
+    skewed = cancer.coalesce(1)
+    assert skewed.rdd.getNumPartitions() == 1
+    model = _estimator(epochs=3, batchSize=16, shuffleBufferRows=32, validationFraction=0.2).fit(skewed)
+    s = model.trainingSummary
+    ranks = s["ranks"]
+    train_rows = sum(r["rows"] for r in ranks)
+    assert train_rows + sum(r["validation_rows"] for r in ranks) == 569
+    assert min(r["rows"] for r in ranks) >= 5 * 32  # each shard is many windows
+    assert abs(ranks[0]["rows"] - ranks[1]["rows"]) < 60  # the launcher evened the partitions
+    assert sum(r["rows_per_epoch"] for r in ranks) + s["trimmed_rows_per_epoch"] == train_rows
+    steps = s["steps_per_epoch"]
+    assert steps == -(-min(r["rows"] for r in ranks) // 16)  # the smaller shard's batch count
+    assert s["trimmed_rows_per_epoch"] == sum(max(0, r["rows"] - steps * 16) for r in ranks)
+    for r in ranks:
+        assert r["rows_seen"] == [r["rows_per_epoch"]] * 3  # every epoch, all of them
+        assert r["max_window_rows"] <= 32 + 16  # window + one stored chunk
+    assert len(s["history"]) == 3 and s["history"][-1]["loss"] < s["history"][0]["loss"]
+    assert _auc(model, cancer) > 0.95
+
+
+@pytest.mark.slow
 def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
     import time
     from sparkdeep.distributed import RankFailedError
