@@ -55,8 +55,8 @@ class RankFailedError(RuntimeError):
 
 class _Channel:
     """The driver's listener for the ranks and their tasks: one text line per message,
-    ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``fail`` (rest: the
-    error), ``log`` (rest: a line of the rank's output, printed on the driver) or ``plan``
+    ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``done`` (the rank's
+    process ended), ``fail`` (rest: the error), ``log`` (rest: a line of the rank's output, printed on the driver) or ``plan``
     (rest: the host plan as JSON; answered ``ok`` once the rendezvous holds it). Lines
     without the run's random token are ignored."""
 
@@ -66,6 +66,7 @@ class _Channel:
 
         self.token = secrets.token_hex(8)
         self.beats: dict = {}
+        self.finished: set = set()
         self.failures: list = []
         lock = threading.Lock()
         channel = self
@@ -85,8 +86,11 @@ class _Channel:
                     if len(words) < 3 or words[0] != channel.token or not words[2].isdigit():
                         continue
                     kind, rank, rest = words[1], int(words[2]), words[3] if len(words) > 3 else ""
-                    if kind == "beat" and rest.isdigit():
+                    if kind == "beat" and rest.isdigit() and rank not in channel.finished:
                         channel.beats[rank] = (time.monotonic(), int(rest))
+                    elif kind == "done":  # the rank's process has ended: no more beats to expect
+                        channel.finished.add(rank)
+                        channel.beats.pop(rank, None)
                     elif kind == "fail":
                         with lock:
                             channel.failures.append((rank, rest))
@@ -125,6 +129,36 @@ def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = Fa
             reply = conn.makefile("rb").readline()
             if reply.strip() != b"ok":
                 raise RuntimeError(f"the driver did not accept the {kind} message (reply {reply!r})")
+
+
+class _Lines:
+    """One connection to the driver's channel for many lines (a rank's output), reopened
+    once if it breaks; lines that cannot be sent are printed locally instead."""
+
+    def __init__(self, setting: str, rank):
+        self.setting, self.rank, self._conn = setting, rank, None
+
+    def send(self, kind: str, text: str) -> None:
+        import socket
+        host, port, token = self.setting.split(":")[:3]
+        line = f"{token} {kind} {self.rank} {text}".replace("\n", " | ").encode() + b"\n"
+        for _ in range(2):
+            try:
+                if self._conn is None:
+                    self._conn = socket.create_connection((host, int(port)), timeout=30)
+                self._conn.sendall(line)
+                return
+            except OSError:
+                self.close()
+        print(text, flush=True)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+            self._conn = None
 
 
 def heartbeat(rank, setting: str) -> None:
@@ -207,6 +241,22 @@ def _die_with_parent() -> None:
         pass
 
 
+def _sweep(root: str | None) -> None:
+    """Remove rank folders whose task's Python worker is gone (killed with its stage, so its
+    own clean-up never ran): each folder names its owner's pid in ``owner.pid``."""
+    import glob
+    import shutil
+    import tempfile
+    for folder in glob.glob(os.path.join(root or tempfile.gettempdir(), "sparkdeep-rank*-*")):
+        try:
+            with open(os.path.join(folder, "owner.pid")) as fh:
+                os.kill(int(fh.read().strip()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # not ours to judge (no pid file yet, another user's process)
+
+
 def _rank_task(batches, conf: dict, payload: bytes):
     """One barrier task: spill the partition, agree on the plan, run the rank as a child."""
     import shutil
@@ -222,8 +272,12 @@ def _rank_task(batches, conf: dict, payload: bytes):
         raise RuntimeError(f"rank {rank}: task attempt {ctx.attemptNumber()} refused: a rank is never started "
                            "twice (the first attempt failed; see its error)")
     roots = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d and os.path.isdir(d)]
+    _sweep(roots[0] if roots else None)
     work = tempfile.mkdtemp(prefix=f"sparkdeep-rank{rank}-", dir=roots[0] if roots else None)
+    with open(os.path.join(work, "owner.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
     child = None
+    lines = _Lines(setting, rank)
     try:
         data = os.path.join(work, "data")
         os.makedirs(data)
@@ -235,12 +289,24 @@ def _rank_task(batches, conf: dict, payload: bytes):
                     spill.write(batch)
                 counts = spill.close()
         except BaseException as exc:
-            send(setting, "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
+            try:
+                send(setting, "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
+            except OSError:
+                pass  # the stage's own error still names the task
             raise
         hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
         gathered = [json.loads(g) for g in ctx.allGather(json.dumps(counts))]
         with open(os.path.join(data, "ranks.json"), "w") as fh:
             json.dump({"counts": gathered, "hosts": hosts}, fh)
+        # Unusable shards are found here, before any rank starts (no TensorFlow import, no
+        # rendezvous): the rank concerned reports why, the others stop without blaming themselves.
+        check = getattr(conf["spill"], "problem", None) if batches is not None else None
+        problems = [check(gathered, r) for r in range(len(gathered))] if check else []
+        if problems and problems[rank]:
+            send(setting, "fail", rank, problems[rank])
+            raise RuntimeError(f"Horovod rank {rank} failed: {problems[rank]}")
+        if any(problems):
+            raise RuntimeError(f"rank {rank} not started: {next(p for p in problems if p)}")
         plan = host_plan(hosts)
         if rank == 0:
             send(setting, "plan", 0, json.dumps(plan), wait_reply=True)
@@ -271,11 +337,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
 
         def pump_out():
             for raw in child.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                try:
-                    send(setting, "log", rank, line)
-                except OSError:
-                    print(line, flush=True)
+                lines.send("log", raw.decode("utf-8", "replace").rstrip("\n"))
 
         def pump_err():
             for raw in child.stderr:
@@ -288,6 +350,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
         code = child.wait()
         for t in pumps:
             t.join(timeout=10)
+        lines.send("done", "")
         if code != 0:
             failure = os.path.join(work, "failure.txt")
             if os.path.isfile(failure):
@@ -302,6 +365,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
             result = fh.read()
         return rank, result
     finally:
+        lines.close()
         if child is not None and child.poll() is None:
             child.kill()
         shutil.rmtree(work, ignore_errors=True)

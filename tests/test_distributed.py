@@ -89,3 +89,46 @@ def test_a_frozen_rank_ends_the_run_naming_it_and_its_processes_go(spark):
 def test_stall_timeout_is_checked():
     with pytest.raises(ValueError, match="stall_timeout must be >= 0"):
         run_on_ranks(allreduce_rank_ids, num_proc=2, stall_timeout=-1)
+
+
+def test_a_rank_folder_left_by_a_killed_task_is_swept_by_the_next(tmp_path):
+    """A stalled run's tasks are killed before their clean-up runs; the next task on the
+    executor removes folders whose owner process is gone, and only those."""
+    import os
+    import subprocess
+
+    from sparkdeep.distributed import _sweep
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / "sparkdeep-rank0-abc"
+    live = tmp_path / "sparkdeep-rank1-def"
+    foreign = tmp_path / "sparkdeep-rank2-ghi"
+    for folder, pid in ((dead, gone.pid), (live, os.getpid()), (foreign, None)):
+        folder.mkdir()
+        (folder / "shard.arrow").write_bytes(b"x" * 10)
+        if pid is not None:
+            (folder / "owner.pid").write_text(str(pid))
+    _sweep(str(tmp_path))
+    assert not dead.exists() and live.exists() and foreign.exists()
+
+
+def test_a_rank_that_has_finished_is_not_watched_for_heartbeats():
+    from sparkdeep.distributed import _Channel, _Lines, _stalled, send
+    import io
+    channel = _Channel("127.0.0.1", on_plan=lambda plan: None, out=io.StringIO())
+    try:
+        setting = f"{channel.address}:{channel.token}:1"
+        send(setting, "beat", 0, "123")
+        lines = _Lines(setting, 0)
+        lines.send("log", "[train] epoch 1/1")
+        lines.send("done", "")
+        lines.close()
+        deadline = time.time() + 5
+        while 0 not in channel.finished and time.time() < deadline:
+            time.sleep(0.05)
+        assert 0 in channel.finished and 0 not in channel.beats
+        send(setting, "beat", 0, "123")  # a late beat does not bring it back
+        time.sleep(0.2)
+        assert _stalled(channel.beats, 0.0) is None
+    finally:
+        channel.close()

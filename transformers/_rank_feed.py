@@ -79,6 +79,11 @@ class ShardSpill:
         self._write(TRAIN, batch.filter(pc.invert(held)).select(keep))
         self._write(VALIDATION, batch.filter(held).select(keep))
 
+    def problem(self, counts: list, rank: int) -> str | None:
+        """Checked by the launcher on every task once the counts are gathered, before any
+        rank starts: why this task's rank cannot train (None when it can)."""
+        return shard_problem(counts, rank)
+
     def close(self) -> dict:
         """Finish the files; the row counts and chunk sizes per part (also in ``index.json``)."""
         for sink, writer in self._writers.values():
@@ -88,6 +93,17 @@ class ShardSpill:
         with open(os.path.join(self.folder, "index.json"), "w") as fh:
             json.dump(index, fh)
         return {part: index[part]["rows"] for part in index}
+
+
+def shard_problem(counts: list, rank: int) -> str | None:
+    """Why ``rank`` cannot train, from every rank's spilled counts (None when it can)."""
+    train = [c.get(TRAIN, 0) for c in counts]
+    if train[rank] > 0:
+        return None
+    held = counts[rank].get(VALIDATION, 0)
+    why = (f"all {held} of its rows are validation rows; lower validationFraction or change validationCol"
+           if held else f"the input has {sum(train)} training rows for {len(counts)} ranks; lower numProc")
+    return f"rank {rank} got no training rows: {why}"
 
 
 def chunk_rows_for(buffer_rows: int) -> int:
@@ -116,7 +132,8 @@ class StepPlan:
 def plan_steps(rows: list, batch: int, accumulation: int = 1) -> StepPlan:
     """Equal steps for every rank from the ranks' training row counts: the smallest shard's
     batch count (its last batch may be partial), rounded down to whole groups of
-    ``accumulation`` batches (at least one group). Raises if a rank has no rows."""
+    ``accumulation`` batches. Raises if a rank has no rows, or if the smallest shard holds
+    fewer batches than one accumulation group."""
     if batch < 1 or accumulation < 1:
         raise ValueError(f"batch ({batch}) and accumulation ({accumulation}) must be >= 1")
     empty = [r for r, n in enumerate(rows) if n <= 0]
@@ -124,7 +141,11 @@ def plan_steps(rows: list, batch: int, accumulation: int = 1) -> StepPlan:
         raise ValueError(f"rank(s) {', '.join(map(str, empty))} got no training rows (of {sum(rows)} in all): "
                          "too few rows for the number of ranks; lower numProc")
     steps = min(-(-n // batch) for n in rows)
-    updates = max(1, steps // accumulation)
+    if steps < accumulation:
+        raise ValueError(f"accumulationSteps={accumulation} needs {accumulation} batches per epoch, but the "
+                         f"smallest rank's shard ({min(rows)} training rows) holds {steps} batch(es) of {batch}: "
+                         "lower accumulationSteps or batchSize")
+    updates = steps // accumulation
     steps = updates * accumulation
     used = [min(n, steps * batch) for n in rows]
     return StepPlan(steps, updates, used, [n - u for n, u in zip(rows, used)])
@@ -134,7 +155,8 @@ class ShardFeed:
     """Streams one spilled part (``train`` or ``validation``) of a rank's shard.
 
     ``buffer_rows``: the shuffle window; with ``chunk`` rows per stored chunk a rank holds
-    at most ``buffer_rows + chunk`` rows in the window, plus the batches in flight.
+    at most ``max(buffer_rows, batch) + chunk`` rows in the window (what is left of a
+    window, less than a batch, starts the next one), plus the batches in flight.
     ``max_window_rows`` records the largest window actually held (tests check the bound).
     """
 
@@ -147,14 +169,15 @@ class ShardFeed:
         self.rows, self.chunks = int(info["rows"]), list(info["chunks"])
         self.batch, self.buffer_rows, self.seed, self.weight = int(batch_size), int(buffer_rows), seed, weight
         self.max_window_rows = 0
-        self._reader = None
+        self._reader = self._file = None
 
     def _chunk(self, i: int):
         import pyarrow as pa
         if self._reader is None:
             # Plain reads, not a memory map: pages of a mapped file would count in the
             # rank's resident memory, growing with the shard.
-            self._reader = pa.ipc.open_file(pa.OSFile(self.path, "rb"))
+            self._file = pa.OSFile(self.path, "rb")
+            self._reader = pa.ipc.open_file(self._file)
         b = self._reader.get_batch(i)
         feats = b.column(b.schema.get_field_index("features"))
         n = b.num_rows
@@ -211,7 +234,11 @@ class ShardFeed:
                 yield x[start:start + chunk], y[start:start + chunk], w[start:start + chunk]
 
     def close(self) -> None:
-        self._reader = None
+        if self._reader is not None:
+            self._reader = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class Prefetch:

@@ -433,6 +433,8 @@ def train_rank(spec: RankSpec) -> dict:
     stopping.restore(model)
     t_end = time.time()
     feed.close()
+    if val_feed is not None:
+        val_feed.close()
 
     result = {
         "rank": rank, "size": size, "rows": feed.rows, "validation_rows": val_feed.rows if val_feed else 0,

@@ -384,6 +384,16 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         # vector lengths, unusable rows, and the label range the task needs.
         checked = check_training_rows(staged, fcol, wcol)
         staged, skipped = apply_handle_invalid(staged, checked, self.getHandleInvalid(), fcol, lcol, wcol)
+        usable = checked["rows"] - skipped
+        if usable < num_proc:
+            raise ValueError(f"KerasHorovodEstimator: {usable} usable training row(s) for numProc={num_proc}: every "
+                             "rank needs rows of its own; lower numProc")
+        accum = self.getOrDefault(self.accumulationSteps)
+        per_rank_batches = math.ceil(usable * (1.0 - frac) / num_proc / self.getBatchSize())
+        if per_rank_batches < accum:
+            raise ValueError(f"accumulationSteps={accum} needs {accum} batches per epoch on every rank, but "
+                             f"{usable} rows over numProc={num_proc} ranks make about {per_rank_batches} batch(es) "
+                             f"of {self.getBatchSize()} each: lower accumulationSteps or batchSize")
         model_bytes = self._network(checked["width"], checked)
         task = self.getTask()
 

@@ -198,6 +198,24 @@ def test_skewed_input_partitions_stream_through_a_small_window_every_row_once_pe
     assert _auc(model, cancer) > 0.95
 
 
+def test_too_few_rows_for_the_ranks_or_the_accumulation_fail_on_the_driver(cancer):
+    with pytest.raises(ValueError, match=r"1 usable training row\(s\) for numProc=2"):
+        _estimator().fit(cancer.limit(1))
+    with pytest.raises(ValueError, match=r"accumulationSteps=50 needs 50 batches.*about 9 batch"):
+        _estimator(accumulationSteps=50).fit(cancer)
+
+
+@pytest.mark.slow
+def test_a_rank_whose_rows_are_all_validation_is_named_before_training(cancer):
+    """The shards are checked once spilled, before any rank starts: the rank without
+    training rows is the one named, with the advice that fits its case."""
+    from sparkdeep.distributed import RankFailedError
+    held = cancer.withColumn("held", F.col("id") > 0)  # one training row in all
+    with pytest.raises(RankFailedError, match=r"got no training rows: all \d+ of its rows are validation") as err:
+        _estimator(validationCol="held").fit(held)
+    assert f"rank {err.value.rank} got no training rows" in str(err.value)
+
+
 @pytest.mark.slow
 def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
     import time

@@ -67,8 +67,9 @@ def test_plan_steps_equal_for_every_rank_with_accumulation_and_empty_ranks_named
     plan = plan_steps([1000, 370], 64, accumulation=4)
     assert (plan.steps, plan.updates) == (4, 1)
     assert plan.rows_per_epoch == [256, 256] and plan.trimmed_per_epoch == [744, 114]
-    # Fewer rows than one accumulation group still trains one update.
-    assert plan_steps([10, 10], 64, accumulation=4).updates == 1
+    # Fewer batches than one accumulation group: a clear error, not an empty feed mid-epoch.
+    with pytest.raises(ValueError, match=r"accumulationSteps=4 needs 4 batches per epoch.*holds 1 batch"):
+        plan_steps([10, 10], 64, accumulation=4)
     with pytest.raises(ValueError, match=r"rank\(s\) 1 got no training rows"):
         plan_steps([5, 0], 8)
     with pytest.raises(ValueError, match="must be >= 1"):
@@ -84,6 +85,24 @@ def test_validation_rows_go_to_their_own_file_and_stream_in_order(tmp_path):
     train = ShardFeed(str(tmp_path), TRAIN, batch_size=32, buffer_rows=64, seed=0)
     got = np.concatenate([b[1] for b in train.epoch(0, plan_steps([750], 32).steps)]).astype(int)
     assert sorted(got.tolist()) == [i for i in range(1000) if i % 4]
+
+
+def test_an_unusable_shard_is_named_for_its_own_rank_with_the_right_advice():
+    from sparkdeep.transformers._rank_feed import shard_problem
+    counts = [{TRAIN: 5, VALIDATION: 1}, {TRAIN: 0, VALIDATION: 3}, {TRAIN: 0, VALIDATION: 0}]
+    assert shard_problem(counts, 0) is None
+    assert "rank 1 got no training rows: all 3 of its rows are validation rows" in shard_problem(counts, 1)
+    assert "rank 2 got no training rows: the input has 5 training rows for 3 ranks; lower numProc" in \
+        shard_problem(counts, 2)
+
+
+def test_the_window_bound_holds_for_a_buffer_smaller_than_a_batch(tmp_path):
+    _spill(tmp_path, 500, chunk_rows=16)
+    feed = ShardFeed(str(tmp_path), batch_size=32, buffer_rows=1, seed=2)
+    ids = np.concatenate([b[1] for b in feed.epoch(0, plan_steps([500], 32).steps)])
+    assert sorted(ids.astype(int).tolist()) == list(range(500))
+    assert feed.max_window_rows <= max(1, 32) + 16
+    feed.close()
 
 
 def test_an_empty_partition_spills_nothing_and_the_plan_names_it(tmp_path):
