@@ -156,7 +156,7 @@ class ShardFeed:
 
     ``buffer_rows``: the shuffle window; with ``chunk`` rows per stored chunk a rank holds
     at most ``max(buffer_rows, batch) + chunk`` rows in the window (what is left of a
-    window, less than a batch, starts the next one), plus the batches in flight.
+    window, less than a batch, starts the next one), plus the batches queued for the step.
     ``max_window_rows`` records the largest window actually held (tests check the bound).
     """
 
