@@ -469,6 +469,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     finally:
         done.set()
         sc.removeJobTag(tag)
+        sc.setInterruptOnCancel(False)  # Spark's default, for this thread's later jobs
         channel.close()
         rendezvous.stop()
         shipped.destroy()

@@ -1,0 +1,249 @@
+"""One storage API for the output folder: local paths and Hadoop FileSystem URIs alike.
+
+A path keeps its scheme: ``/data/out`` and ``file:///data/out`` are local (plain
+``os`` calls, so nothing needs a JVM), ``hdfs://nn:8020/out``, ``s3a://bucket/out``,
+``abfs://...`` go through the Hadoop ``FileSystem`` of the running Spark session (the
+connectors and credentials Spark itself uses).
+
+Writes of small files (manifests, reports, pointers) are atomic where the store allows:
+a temporary file renamed over the target (POSIX ``rename``; HDFS ``FileContext.rename``
+with ``OVERWRITE``); on object stores a single PUT is already all-or-nothing.
+
+**The output lock** (:meth:`Storage.lock`): ``flock`` on a local file; elsewhere a lock
+file created with ``overwrite=False`` (atomic create-if-absent on HDFS and other
+file systems with a NameNode-like service) holding the owner, removed on release. On an
+object store without conditional writes (S3 through ``s3a`` before Hadoop's
+``fs.s3a.create.conditional.enabled``), create-if-absent is a check then a PUT, so two
+writers starting in the same instant can both succeed: there, run one scheduler per
+output folder, which is what the lock protects in the first place. A lock file left by a
+killed process is reported with its owner and age; ``break_after_s`` takes it over.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from urllib.parse import urlparse
+
+
+class LockHeldError(RuntimeError):
+    """Another process holds the lock; the message names its owner and since when."""
+
+
+def scheme(path: str) -> str:
+    """``file`` for local paths (with or without ``file:``), else the URI scheme."""
+    s = urlparse(path).scheme
+    return "file" if s in ("", "file") or (len(s) == 1 and os.name == "nt") else s
+
+
+def is_local(path: str) -> bool:
+    return scheme(path) == "file"
+
+
+def local(path: str) -> str:
+    """A local path or ``file:`` URI as an absolute OS path."""
+    if path.startswith("file:"):
+        path = urlparse(path).path
+    return os.path.abspath(path)
+
+
+def qualify(path: str) -> str:
+    """Local paths made absolute; URIs kept as they are (their scheme and authority)."""
+    return local(path) if is_local(path) else path.rstrip("/")
+
+
+def join(root: str, *parts: str) -> str:
+    if is_local(root):
+        return os.path.join(root, *parts)
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+class Storage:
+    """Files under local paths or Hadoop URIs; ``spark`` is needed only for URIs."""
+
+    def __init__(self, spark=None):
+        self._spark = spark
+
+    # -- the Hadoop side ---------------------------------------------------------------
+    def _jvm(self):
+        if self._spark is None:
+            from pyspark.sql import SparkSession
+            self._spark = SparkSession.getActiveSession()
+            if self._spark is None:
+                raise RuntimeError("a Hadoop URI needs an active Spark session for its FileSystem")
+        sc = self._spark.sparkContext
+        return sc._jvm, sc._jsc.hadoopConfiguration()
+
+    def _fs(self, path: str):
+        jvm, conf = self._jvm()
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        return hpath.getFileSystem(conf), hpath
+
+    # -- queries -----------------------------------------------------------------------
+    def exists(self, path: str) -> bool:
+        if is_local(path):
+            return os.path.exists(local(path))
+        fs, p = self._fs(path)
+        return bool(fs.exists(p))
+
+    def is_dir(self, path: str) -> bool:
+        if is_local(path):
+            return os.path.isdir(local(path))
+        fs, p = self._fs(path)
+        return bool(fs.exists(p) and fs.getFileStatus(p).isDirectory())
+
+    def listdir(self, path: str) -> list[str]:
+        """Names directly under ``path`` (sorted); FileNotFoundError when there is none."""
+        if is_local(path):
+            return sorted(os.listdir(local(path)))
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            raise FileNotFoundError(f"no folder at {path!r}")
+        return sorted(str(s.getPath().getName()) for s in fs.listStatus(p))
+
+    def modified(self, path: str) -> float:
+        """Last modification, seconds since the epoch."""
+        if is_local(path):
+            return os.path.getmtime(local(path))
+        fs, p = self._fs(path)
+        return fs.getFileStatus(p).getModificationTime() / 1000.0
+
+    # -- changes -----------------------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        if is_local(path):
+            os.makedirs(local(path), exist_ok=True)
+            return
+        fs, p = self._fs(path)
+        fs.mkdirs(p)
+
+    def delete(self, path: str, recursive: bool = True) -> None:
+        """Remove ``path`` (a file, or a folder with what it holds); nothing there is fine."""
+        if is_local(path):
+            import shutil
+            target = local(path)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target) if recursive else os.rmdir(target)
+            elif os.path.lexists(target):
+                os.unlink(target)
+            return
+        fs, p = self._fs(path)
+        fs.delete(p, recursive)
+
+    def read_bytes(self, path: str) -> bytes:
+        if is_local(path):
+            with open(local(path), "rb") as fh:
+                return fh.read()
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            raise FileNotFoundError(f"no file at {path!r}")
+        stream = fs.open(p)
+        try:
+            jvm, _ = self._jvm()
+            out = jvm.java.io.ByteArrayOutputStream()
+            jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, out, 1 << 16, False)
+            return bytes(out.toByteArray())
+        finally:
+            stream.close()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` all at once: readers see the old file or the new one."""
+        if is_local(path):
+            target = local(path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = f"{target}.tmp-{os.getpid()}"
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            return
+        jvm, conf = self._jvm()
+        fs, p = self._fs(path)
+        if scheme(path) in ("s3a", "s3", "gs", "wasb", "wasbs"):  # one PUT: already all-or-nothing
+            self._put(fs, p, data, overwrite=True)
+            return
+        tmp = jvm.org.apache.hadoop.fs.Path(f"{path}.tmp-{os.getpid()}-{time.time_ns()}")
+        self._put(fs, tmp, data, overwrite=True)
+        try:
+            context = jvm.org.apache.hadoop.fs.FileContext.getFileContext(p.toUri(), conf)
+            options = self._spark.sparkContext._gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+            options[0] = jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
+            context.rename(tmp, p, options)
+        except Exception:
+            fs.delete(tmp, False)
+            raise
+
+    @staticmethod
+    def _put(fs, p, data: bytes, overwrite: bool) -> None:
+        out = fs.create(p, overwrite)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+    def read_json(self, path: str):
+        return json.loads(self.read_bytes(path).decode("utf-8"))
+
+    def write_json(self, path: str, data) -> str:
+        self.write_bytes(path, json.dumps(data, indent=2, sort_keys=True, default=str).encode("utf-8"))
+        return path
+
+    # -- the output lock ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, path: str, owner: str, break_after_s: float | None = None):
+        """Hold the lock file ``path`` while the block runs, or raise :class:`LockHeldError`
+        naming the holder. ``break_after_s``: take over a lock older than that (a holder
+        killed before it could release; local locks die with their process anyway)."""
+        if is_local(path):
+            import fcntl
+            target = local(path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fh = open(target, "a+")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                held = fh.read().strip()
+                fh.close()
+                raise LockHeldError(f"{path} is held by {held or 'another process'}") from None
+            try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(json.dumps(self._owner(owner)))
+                fh.flush()
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                fh.close()
+            return
+        fs, p = self._fs(path)
+        body = json.dumps(self._owner(owner)).encode()
+        try:
+            self._put(fs, p, body, overwrite=False)
+        except Exception as exc:  # FileAlreadyExistsException through Py4J
+            if "AlreadyExists" not in str(exc) and not fs.exists(p):
+                raise
+            age = time.time() - self.modified(path)
+            try:
+                held = self.read_bytes(path).decode("utf-8", "replace")
+            except FileNotFoundError:
+                held = "a holder that has just released it"
+            if break_after_s is None or age < break_after_s:
+                raise LockHeldError(f"{path} is held by {held} (for {age:.0f} s); if that process is gone, "
+                                    "delete the file or pass break_after_s") from None
+            fs.delete(p, False)
+            self._put(fs, p, body, overwrite=False)
+        try:
+            yield
+        finally:
+            fs.delete(p, False)
+
+    @staticmethod
+    def _owner(owner: str) -> dict:
+        return {"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
