@@ -152,7 +152,7 @@ def _task_result_bytes(path: str) -> int:
     return total
 
 
-def run_factor(factor: int, work: str, seed: int) -> dict:
+def run_factor(factor: int, work: str, seed: int, driver_memory: str = "6g") -> dict:
     data = os.path.join(work, f"data-{factor}x")
     out = os.path.join(work, f"out-{factor}x")
     events = os.path.join(work, f"events-{factor}x")
@@ -163,7 +163,7 @@ def run_factor(factor: int, work: str, seed: int) -> dict:
             "--set", "spark.settings.spark.eventLog.enabled=true",
             "--set", f"spark.settings.spark.eventLog.dir=file://{events}",
             "--set", "spark.settings.spark.eventLog.compress=false",
-            "--set", "spark.settings.spark.driver.memory=6g"]
+            "--set", f"spark.settings.spark.driver.memory={driver_memory}"]
     steps = {}
     for step in STEPS:
         before = set(glob.glob(os.path.join(events, "*")))
@@ -222,6 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--factors", default="1,3,10")
     p.add_argument("--work", default="/tmp/sparkdeep-scale")
     p.add_argument("--seed", type=int, default=14)
+    p.add_argument("--driver-memory", default="6g",
+                   help="the pipeline's spark.driver.memory (local mode: the one JVM's heap, executors included)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
     args = p.parse_args(argv)
     factors = [int(f) for f in args.factors.split(",")]
@@ -240,7 +242,7 @@ def main(argv=None) -> int:
         spark.stop()
         print(f"{factor}x: {rows} rows written in {time.time() - t0:.0f} s", flush=True)
         results["factors"][f"{factor}x"] = {"rows": rows, "synthesize_s": round(time.time() - t0, 1),
-                                           "steps": run_factor(factor, args.work, args.seed)}
+                                           "steps": run_factor(factor, args.work, args.seed, args.driver_memory)}
         _results.write(args.out, results)
     base = results["factors"].get(f"{factors[0]}x")
     for key, entry in results["factors"].items():
