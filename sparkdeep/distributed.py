@@ -118,12 +118,19 @@ class _Channel:
         self._server.server_close()
 
 
-def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = False, timeout: float = 30.0):
-    """One message to the driver's channel (``setting`` = "host:port:token[:interval]")."""
-    import socket
+def _address_and_line(setting: str, kind: str, rank, text: str) -> tuple[tuple[str, int], bytes]:
+    """Where the driver's channel listens, and one message to it as a line of bytes
+    (``setting`` = "host:port:token[:interval]"; newlines in ``text`` become " | ")."""
     host, port, token = setting.split(":")[:3]
-    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
-        conn.sendall(f"{token} {kind} {rank} {text}".replace("\n", " | ").encode() + b"\n")
+    return (host, int(port)), f"{token} {kind} {rank} {text}".replace("\n", " | ").encode() + b"\n"
+
+
+def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = False, timeout: float = 30.0):
+    """One message to the driver's channel, on a connection of its own."""
+    import socket
+    address, line = _address_and_line(setting, kind, rank, text)
+    with socket.create_connection(address, timeout=timeout) as conn:
+        conn.sendall(line)
         if wait_reply:
             conn.settimeout(timeout)
             reply = conn.makefile("rb").readline()
@@ -140,12 +147,11 @@ class _Lines:
 
     def send(self, kind: str, text: str) -> None:
         import socket
-        host, port, token = self.setting.split(":")[:3]
-        line = f"{token} {kind} {self.rank} {text}".replace("\n", " | ").encode() + b"\n"
+        address, line = _address_and_line(self.setting, kind, self.rank, text)
         for _ in range(2):
             try:
                 if self._conn is None:
-                    self._conn = socket.create_connection((host, int(port)), timeout=30)
+                    self._conn = socket.create_connection(address, timeout=30)
                 self._conn.sendall(line)
                 return
             except OSError:

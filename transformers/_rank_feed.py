@@ -234,8 +234,7 @@ class ShardFeed:
                 yield x[start:start + chunk], y[start:start + chunk], w[start:start + chunk]
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader = None
+        self._reader = None
         if self._file is not None:
             self._file.close()
             self._file = None
