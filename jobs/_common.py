@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Callable
 
-from sparkdeep import progress
+from sparkdeep import progress, storage
 from sparkdeep.config import Config, ConfigError, default_conf_dir, load_config
 from sparkdeep.paths import Paths
 from sparkdeep.runs import StepRun
@@ -98,16 +98,25 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
     run = None
     try:
         cfg = load(args)
+
+        def session():
+            from sparkdeep.session import builder
+            spark = builder(cfg.spark, app_name=app_name).getOrCreate()
+            spark.sparkContext.setLogLevel("WARN")
+            return spark
+        # A local output folder is locked and its manifest read without a JVM (a run whose
+        # steps are all done starts no Spark); an hdfs:// or s3a:// one needs Spark's
+        # Hadoop FileSystem from the start.
+        early = None if storage.is_local(cfg.output_dir) else session()
         with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock) as run:
+            run.session = early
             print(f"[{label}] run {run.run_id}: manifest {run.manifest.path}", flush=True)
             for i, n in enumerate(names, 1):
                 # Asked step by step: redoing one step can make a later one stale.
                 if not run.pending(n):
                     continue
                 if run.session is None:
-                    from sparkdeep.session import builder
-                    run.session = builder(cfg.spark, app_name=app_name).getOrCreate()
-                    run.session.sparkContext.setLogLevel("WARN")
+                    run.session = session()
                 print(f"[{label}] step {i}/{len(names)}: {n}", flush=True)
                 step_run = run.start(n)
                 report = run_step(n, steps[n], run.session, cfg, run.paths, step_run,

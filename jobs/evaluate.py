@@ -107,12 +107,10 @@ def metrics_table(metrics: dict[str, dict], fit_s: dict, task: str) -> str:
 
 def write_html(paths, run_id: str | None, text: str) -> str:
     """``<output>/reports/evaluate.html`` (latest) and the run's own copy."""
-    import os
+    from sparkdeep.storage import Storage
     targets = [paths.report("evaluate", "html")] + ([paths.run_report(run_id, "evaluate", "html")] if run_id else [])
     for path in targets:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(text)
+        Storage().write_bytes(path, text.encode("utf-8"))
     return targets[0]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from sparkdeep.config import ConfigError, default_conf_dir, load_config
@@ -39,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         spark = builder(cfg.spark, app_name="sparkdeep-reproduce").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         model = args.model
-        if os.path.isfile(model):  # a models/latest.json pointer
-            with open(model) as fh:
-                model = json.load(fh)["models"]["pipeline"]["path"]
+        from sparkdeep.storage import Storage
+        st = Storage(spark)
+        if st.exists(model) and not st.is_dir(model):  # a models/latest.json pointer
+            model = st.read_json(model)["models"]["pipeline"]["path"]
         inputs = lineage.training_inputs(spark, model)
         table = args.table or inputs["trained_on"]
         if table not in inputs["tables"]:

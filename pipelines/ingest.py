@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
-import os
 from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -485,15 +483,14 @@ def ingest_report(rows_in: int, classified_counts: dict, usable: DataFrame, plan
 
 
 def schema_record_path(tables_root: str, spec: DatasetSpec) -> str:
-    return os.path.join(tables_root, f"_{spec.name}_source_schema.json")
+    from sparkdeep import storage
+    return storage.join(tables_root, f"_{spec.name}_source_schema.json")
 
 
 def read_recorded_schema(path: str) -> T.StructType | None:
-    try:
-        with open(path) as fh:
-            return T.StructType.fromJson(json.load(fh))
-    except FileNotFoundError:
-        return None
+    from sparkdeep.paths import read_json
+    recorded = read_json(path)
+    return None if recorded is None else T.StructType.fromJson(recorded)
 
 
 def classes_of(df: DataFrame, col: str = LABEL) -> list[str] | None:
@@ -510,12 +507,10 @@ def task_of(df: DataFrame, col: str = LABEL) -> str:
 def claim_output(paths, spec: DatasetSpec, write: bool = False) -> None:
     """An output folder holds one data set's tables, models and runs: refuse another's.
     ``write=True`` (after a successful ingest) records the owner."""
-    path = os.path.join(paths.root, "dataset.json")
-    try:
-        with open(path) as fh:
-            owner = json.load(fh).get("name")
-    except FileNotFoundError:
-        owner = None
+    from sparkdeep import storage
+    from sparkdeep.paths import read_json
+    path = storage.join(paths.root, "dataset.json")
+    owner = (read_json(path) or {}).get("name")
     if owner is not None and owner != spec.name:
         raise SourceError(f"the output folder {paths.root!r} holds data set {owner!r} (see {path}); "
                           f"data set {spec.name!r} needs its own: pass --output-dir")

@@ -183,8 +183,13 @@ class Config:
              0 <= self.gate.min_value <= 1 if unit else self.gate.min_value <= 1),
             ("gate.max_regression", self.gate.max_regression >= 0 and (lower or self.gate.max_regression <= 1)),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
+            # MLflow's default store is a SQLite file under the output folder: only a local one.
+            ("tracking.uri", bool(self.tracking.uri) or not self.tracking.enabled or _is_local(self.output_dir)),
         ]
         allowed = {"output_dir": "a folder (an empty one would mean the current directory)",
+                   "tracking.uri": ("an MLflow tracking URI (a server, or sqlite:///<a local file>) when "
+                                    f"output_dir is not local ({self.output_dir}): the default SQLite store "
+                                    "lives under the output folder; or set tracking.enabled=false"),
                    "train.hidden_units": "one or more layer widths, each >= 1",
                    "train.batch_size": "rows per rank per step, or 0 to choose it from the training row count",
                    "train.metrics": (f"{task} metric names from {sorted(metric_names)}" if task else
@@ -204,6 +209,11 @@ class Config:
                     value = getattr(value, part)
                 hint = f" (expected {allowed[key]})" if key in allowed else ""
                 raise ConfigError(f"config key {key!r}: value {shown(value)} is out of range{hint}")
+
+
+def _is_local(path: str) -> bool:
+    from sparkdeep.storage import is_local
+    return is_local(path)
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -56,11 +56,14 @@ class RankFailedError(RuntimeError):
 class _Channel:
     """The driver's listener for the ranks and their tasks: one text line per message,
     ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``done`` (the rank's
-    process ended), ``fail`` (rest: the error), ``log`` (rest: a line of the rank's output, printed on the driver) or ``plan``
-    (rest: the host plan as JSON; answered ``ok`` once the rendezvous holds it). Lines
-    without the run's random token are ignored."""
+    process ended), ``fail`` (rest: the error), ``log`` (rest: a line of the rank's output,
+    printed on the driver), ``plan`` (rest: the host plan as JSON; answered ``ok`` once the
+    rendezvous holds it) or ``put`` (rest: ``<length> <name>``, then that many bytes: a file
+    for the driver to store, see :func:`put`; answered ``ok`` once stored, else ``error
+    <why>``). Lines without the run's random token are ignored."""
 
-    def __init__(self, host: str, on_plan: Callable[[list], None], out):
+    def __init__(self, host: str, on_plan: Callable[[list], None], out,
+                 on_put: Callable[[int, str, bytes], None] | None = None):
         import secrets
         import socketserver
 
@@ -100,6 +103,22 @@ class _Channel:
                             out.flush()
                         except Exception:  # noqa: BLE001 - a closed notebook stream must not kill training
                             pass
+                    elif kind == "put":
+                        size, _, name = rest.partition(" ")
+                        if not size.isdigit():
+                            return
+                        data = self.rfile.read(int(size))
+                        if len(data) != int(size):
+                            return  # the rank went away mid-file: nothing is stored
+                        try:
+                            if on_put is None:
+                                raise RuntimeError("this launch takes no files from its ranks")
+                            on_put(rank, name, data)
+                            reply = b"ok\n"
+                        except Exception as exc:  # noqa: BLE001 - the rank raises it, naming the file
+                            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
+                        self.wfile.write(reply)
+                        self.wfile.flush()
                     elif kind == "plan":
                         on_plan(json.loads(rest))
                         self.wfile.write(b"ok\n")
@@ -136,6 +155,31 @@ def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = Fa
             reply = conn.makefile("rb").readline()
             if reply.strip() != b"ok":
                 raise RuntimeError(f"the driver did not accept the {kind} message (reply {reply!r})")
+
+
+def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
+    """From a rank: hand the file ``name`` (its bytes) to the driver, which stores it with
+    the launch's ``on_put`` (:func:`run_on_ranks`), and wait until it is stored. A rank has
+    no Spark session, so this is how it writes where only the driver can (``hdfs://``...).
+
+    Raises
+    ------
+    RuntimeError
+        Not inside a launched rank, or the driver could not store the file (its reason).
+    """
+    import socket
+    setting = os.environ.get(_BEAT_ENV, "")
+    if not setting:
+        raise RuntimeError(f"put({name!r}): not inside a rank started by run_on_ranks")
+    rank = os.environ.get("HOROVOD_RANK", "0")
+    address, line = _address_and_line(setting, "put", rank, f"{len(data)} {name}")
+    with socket.create_connection(address, timeout=timeout) as conn:
+        conn.settimeout(timeout)
+        conn.sendall(line)
+        conn.sendall(data)
+        reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
+    if reply != "ok":
+        raise RuntimeError(f"the driver could not store {name}: {reply.removeprefix('error ') or 'no reply'}")
 
 
 class _Lines:
@@ -379,7 +423,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
 
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, data=None, spill=None, stall_timeout: float = 120.0,
-                 env: dict | None = None, stdout=None) -> list:
+                 env: dict | None = None, stdout=None,
+                 on_put: Callable[[int, str, bytes], None] | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks; return results by rank.
 
     ``data`` (a DataFrame), when given, is repartitioned into ``num_proc`` partitions and
@@ -389,7 +434,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     (:func:`read_shard_counts`). ``fn`` is pickled by value or by reference (cloudpickle);
     the ranks run with the driver's code path, including ``--py-files`` archives.
     ``stall_timeout``: seconds without a heartbeat from a started rank before the run is
-    ended with an error naming it (0 = no watchdog).
+    ended with an error naming it (0 = no watchdog). ``on_put(rank, name, data)``: called on
+    the driver (a thread of its own) for each :func:`put` of a rank; what it raises is
+    raised in that rank.
 
     Raises
     ------
@@ -420,7 +467,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                                   cross_rank=p["cross_rank"], size=p["size"], local_size=p["local_size"],
                                   cross_size=p["cross_size"]) for p in plan])
 
-    channel = _Channel(host, on_plan, out)
+    channel = _Channel(host, on_plan, out, on_put)
     port = rendezvous.start()
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
     # Ranks start from the executor's environment; forward the driver's settings that

@@ -8,9 +8,10 @@ promoted), and ``models/latest.json`` points at the set that last passed the qua
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from dataclasses import dataclass
+
+from sparkdeep import storage
+from sparkdeep.storage import Storage
 
 #: The models a run writes, in the order its steps write them.
 MODELS = ("prepare", "pipeline", "baseline")
@@ -24,85 +25,104 @@ class OutputWriteError(OSError):
 
 
 def write_json(path: str, data: dict) -> str:
-    """Write ``data`` as JSON atomically (temp file + rename): readers never see half a file.
+    """Write ``data`` as JSON atomically (temp file + rename, or one PUT on an object store):
+    readers never see half a file. ``path`` is local or any Hadoop URI (:mod:`sparkdeep.storage`).
 
-    A failure (disk full, no permission) raises :class:`OutputWriteError` naming ``path``
-    and the cause, and leaves no temp file behind.
+    A failure (disk full, no permission, the file system unreachable) raises
+    :class:`OutputWriteError` naming ``path`` and the cause, and leaves no temp file behind.
     """
-    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
+        Storage().write_json(path, data)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise OutputWriteError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a Py4J error from the Hadoop FileSystem
+        raise OutputWriteError(None, f"cannot write {path}: {_first_line(exc)}") from exc
     return path
 
 
+def read_json(path: str):
+    """The JSON document at ``path`` (local or a Hadoop URI), or None when there is none."""
+    try:
+        return Storage().read_json(path)
+    except FileNotFoundError:
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            return str(java.toString()).splitlines()[0]
+        except Exception:  # noqa: BLE001
+            pass
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _walk_order(relative: str) -> tuple:
+    """A folder's files first (by name), then each sub-folder's (by name), depth first: the
+    order of a sorted ``os.walk``, so digests recorded before stay valid."""
+    *dirs, name = relative.split("/")
+    return tuple((1, d) for d in dirs) + ((0, name),)
+
+
 def tree_digest(folder: str) -> str:
-    """SHA-256 over every file's relative path and bytes under ``folder`` (a saved model).
+    """SHA-256 over every file's relative path and bytes under ``folder`` (a saved model),
+    local or on any Hadoop file system.
 
     Hadoop's ``.crc`` side files and ``_SUCCESS`` markers are left out: they follow from
     the files themselves. Two folders have the same digest exactly when they hold the same
     model, whatever their location.
     """
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"no model folder at {folder!r}")
+    st = Storage()
+    try:
+        names = st.files(folder)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no model folder at {folder!r}") from None
     h = hashlib.sha256()
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(".crc") or name == "_SUCCESS":
-                continue
-            full = os.path.join(root, name)
-            h.update(os.path.relpath(full, folder).encode() + b"\0")
-            with open(full, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            h.update(b"\0")
+    for name in sorted(names, key=_walk_order):
+        if name.rsplit("/", 1)[-1].endswith(".crc") or name.rsplit("/", 1)[-1] == "_SUCCESS":
+            continue
+        h.update(name.encode() + b"\0")
+        h.update(st.read_bytes(storage.join(folder, name)))
+        h.update(b"\0")
     return h.hexdigest()
 
 
 @dataclass(frozen=True)
 class Paths:
+    """The output folder's layout. ``root`` keeps its scheme: a local folder is made
+    absolute, ``hdfs://``, ``s3a://``... URIs stay as they are."""
+
     root: str
 
     @classmethod
     def under(cls, output_dir: str) -> "Paths":
-        return cls(os.path.abspath(output_dir))
+        return cls(storage.qualify(output_dir))
 
     def table(self, name: str) -> str:
-        return os.path.join(self.root, "tables", name)
+        return storage.join(self.root, "tables", name)
 
     def model(self, name: str, run_id: str | None, generation: int = 0) -> str:
         """The model ``name`` as written by run ``run_id`` (``None``: outside a run)."""
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; known: {MODELS}")
-        return os.path.join(self.root, "models", "runs", run_id or ADHOC, str(generation), name)
+        return storage.join(self.root, "models", "runs", run_id or ADHOC, str(generation), name)
 
     @property
     def latest(self) -> str:
         """The pointer to the promoted models (which run, folders, digests, metrics)."""
-        return os.path.join(self.root, "models", "latest.json")
+        return storage.join(self.root, "models", "latest.json")
 
     def report(self, name: str, ext: str = "json") -> str:
-        return os.path.join(self.root, "reports", f"{name}.{ext}")
+        return storage.join(self.root, "reports", f"{name}.{ext}")
 
     def manifest(self, run_id: str) -> str:
-        return os.path.join(self.root, "runs", run_id, "manifest.json")
+        return storage.join(self.root, "runs", run_id, "manifest.json")
 
     def run_report(self, run_id: str, name: str, ext: str = "json") -> str:
-        return os.path.join(self.root, "runs", run_id, "reports", f"{name}.{ext}")
+        return storage.join(self.root, "runs", run_id, "reports", f"{name}.{ext}")
 
     @property
     def checkpoints(self) -> str:
-        return os.path.join(self.root, "checkpoints")
-
-    @property
-    def staging(self) -> str:
-        return os.path.join(self.root, "staging")
+        return storage.join(self.root, "checkpoints")

@@ -29,6 +29,11 @@ passed the quality gate.
 :class:`OutputLock` is an exclusive ``flock`` on ``<output>/.lock``: a second run on the
 same output fails at once naming the holder (or waits ``--wait-lock`` seconds). The
 kernel drops the lock when its process dies, so a killed run never leaves a stale lock.
+On ``hdfs://`` and other Hadoop URIs the lock is a file created only if absent; see
+:class:`OutputLock` for what replaces the kernel's clean-up there.
+
+Every file here goes through :mod:`sparkdeep.storage`, so the output folder may be local
+or any Hadoop URI; the path keeps its scheme in the manifest and the runs table.
 """
 from __future__ import annotations
 
@@ -45,8 +50,9 @@ import subprocess
 import time
 from typing import Any, Mapping
 
+from sparkdeep import storage
 from sparkdeep.config import Config, ConfigError
-from sparkdeep.paths import ADHOC, MODELS, Paths, tree_digest, write_json
+from sparkdeep.paths import ADHOC, MODELS, Paths, read_json, tree_digest, write_json
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -94,15 +100,26 @@ class OutputLocked(RuntimeError):
 
 
 class OutputLock:
-    """An exclusive, process-lifetime lock on an output folder (``flock`` on ``.lock``)."""
+    """An exclusive lock on an output folder for the life of a run.
+
+    Local folders: ``flock`` on ``<output>/.lock``, which the kernel drops when the process
+    dies. Hadoop URIs (``hdfs://``...), where ``flock`` means nothing: the lock file is
+    created only if absent (:meth:`sparkdeep.storage.Storage.lock`) and deleted on release;
+    one left by a run killed on this host is taken over, one from another host is reported
+    with its owner and age (delete it once that run is known to be gone).
+    """
 
     def __init__(self, root: str, run_id: str, wait_s: float = 0.0):
-        self.path = os.path.join(root, ".lock")
+        self.root = root
+        self.path = storage.join(root, ".lock")
         self.run_id = run_id
         self.wait_s = wait_s
         self._fd: int | None = None
+        self._held = None
 
     def __enter__(self) -> "OutputLock":
+        if not storage.is_local(self.root):
+            return self._enter_remote()
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.wait_s
@@ -117,11 +134,7 @@ class OutputLock:
                 if time.monotonic() >= deadline:
                     holder = _read_holder(fd)
                     os.close(fd)
-                    waited = f" after waiting {self.wait_s:.0f}s" if self.wait_s else ""
-                    raise OutputLocked(
-                        f"output {os.path.dirname(self.path)!r} is in use by run {holder.get('run_id', '?')!r} "
-                        f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since "
-                        f"{holder.get('since', '?')}){waited}; wait for it, or pass --wait-lock SECONDS") from None
+                    raise self._locked(holder) from None
                 time.sleep(0.5)
         holder = {"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(), "since": now()}
         os.ftruncate(fd, 0)
@@ -129,7 +142,37 @@ class OutputLock:
         self._fd = fd
         return self
 
+    def _enter_remote(self) -> "OutputLock":
+        from sparkdeep.storage import LockHeldError, Storage
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            held = Storage().lock(self.path, owner=f"run {self.run_id}")
+            try:
+                held.__enter__()
+                self._held = held
+                return self
+            except LockHeldError:
+                if time.monotonic() >= deadline:
+                    try:
+                        holder = json.loads(Storage().read_bytes(self.path))
+                        holder["run_id"] = str(holder.get("owner", "?")).removeprefix("run ")
+                    except Exception:  # noqa: BLE001 - released meanwhile, or not ours
+                        holder = {}
+                    raise self._locked(holder, remote=True) from None
+                time.sleep(1.0)
+
+    def _locked(self, holder: dict, remote: bool = False) -> "OutputLocked":
+        waited = f" after waiting {self.wait_s:.0f}s" if self.wait_s else ""
+        stale = (f"; if that run is gone (killed on another host), delete {self.path}" if remote else "")
+        return OutputLocked(
+            f"output {self.root!r} is in use by run {holder.get('run_id', '?')!r} "
+            f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since "
+            f"{holder.get('since', '?')}){waited}; wait for it, or pass --wait-lock SECONDS{stale}")
+
     def __exit__(self, *exc: Any) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            held.__exit__(None, None, None)
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -202,9 +245,8 @@ class Manifest:
     def open(cls, paths: Paths, run_id: str, cfg: Config, force: bool) -> "Manifest":
         path = paths.manifest(run_id)
         config = config_dict(cfg)
-        if os.path.exists(path):
-            with open(path) as fh:
-                data = json.load(fh)
+        data = read_json(path)
+        if data is not None:
             changed = [k for k in _diff(data["config"], config) if not k.startswith(_VOLATILE)]
             if changed and not force:
                 raise ConfigError(f"run {run_id!r} was started with a different config ({', '.join(changed)} "
@@ -309,11 +351,7 @@ class Manifest:
 
 def read_latest(paths: Paths) -> dict | None:
     """The promoted models' pointer, ``models/latest.json``, or None before any promotion."""
-    try:
-        with open(paths.latest) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return None
+    return read_json(paths.latest)
 
 
 class StepRun:
@@ -442,7 +480,7 @@ class StepRun:
         if self.manifest:
             return self.manifest.written_model(name)
         path = self.paths.model(name, None)
-        return {"path": path, "digest": tree_digest(path)} if os.path.isdir(path) else None
+        return {"path": path, "digest": tree_digest(path)} if storage.Storage().is_dir(path) else None
 
     def promote(self, metrics: dict, evaluated: str | None = None) -> dict | None:
         """Point ``models/latest.json`` at this run's models; call only after they passed the gate.
@@ -500,14 +538,8 @@ class StepRun:
 
     def report_of(self, step: str) -> dict | None:
         """A step's report: this run's own copy when it has one, else the latest."""
-        path = self.paths.run_report(self.run_id, step) if self.run_id else None
-        if not path or not os.path.exists(path):
-            path = self.paths.report(step)
-        try:
-            with open(path) as fh:
-                return json.load(fh)
-        except FileNotFoundError:
-            return None
+        own = read_json(self.paths.run_report(self.run_id, step)) if self.run_id else None
+        return own if own is not None else read_json(self.paths.report(step))
 
     def save_report(self, report: dict) -> None:
         """``reports/<step>.json`` (the latest, any run) and the run's own copy."""

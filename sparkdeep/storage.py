@@ -16,7 +16,8 @@ object store without conditional writes (S3 through ``s3a`` before Hadoop's
 ``fs.s3a.create.conditional.enabled``), create-if-absent is a check then a PUT, so two
 writers starting in the same instant can both succeed: there, run one scheduler per
 output folder, which is what the lock protects in the first place. A lock file left by a
-killed process is reported with its owner and age; ``break_after_s`` takes it over.
+killed process is taken over at once when that process ran on this host and is gone;
+otherwise it is reported with its owner and age, and ``break_after_s`` takes it over.
 """
 from __future__ import annotations
 
@@ -64,16 +65,20 @@ class Storage:
     """Files under local paths or Hadoop URIs; ``spark`` is needed only for URIs."""
 
     def __init__(self, spark=None):
-        self._spark = spark
+        self._sc = spark.sparkContext if spark is not None else None
 
     # -- the Hadoop side ---------------------------------------------------------------
+    def _context(self):
+        if self._sc is None:
+            # The running SparkContext, from any thread (a thread's "active session" may be unset).
+            from pyspark import SparkContext
+            self._sc = SparkContext._active_spark_context
+            if self._sc is None:
+                raise RuntimeError("a Hadoop URI needs a running Spark session for its FileSystem")
+        return self._sc
+
     def _jvm(self):
-        if self._spark is None:
-            from pyspark.sql import SparkSession
-            self._spark = SparkSession.getActiveSession()
-            if self._spark is None:
-                raise RuntimeError("a Hadoop URI needs an active Spark session for its FileSystem")
-        sc = self._spark.sparkContext
+        sc = self._context()
         return sc._jvm, sc._jsc.hadoopConfiguration()
 
     def _fs(self, path: str):
@@ -102,6 +107,26 @@ class Storage:
         if not fs.exists(p):
             raise FileNotFoundError(f"no folder at {path!r}")
         return sorted(str(s.getPath().getName()) for s in fs.listStatus(p))
+
+    def files(self, folder: str) -> list[str]:
+        """Every file under ``folder``, as sorted paths relative to it ('/'-separated);
+        FileNotFoundError when ``folder`` is not a folder. Local links are listed, not followed."""
+        if is_local(folder):
+            root = local(folder)
+            if not os.path.isdir(root):
+                raise FileNotFoundError(f"no folder at {folder!r}")
+            found = []
+            for here, dirs, names in os.walk(root):
+                found += [os.path.relpath(os.path.join(here, n), root).replace(os.sep, "/") for n in names]
+            return sorted(found)
+        fs, p = self._fs(folder)
+        if not (fs.exists(p) and fs.getFileStatus(p).isDirectory()):
+            raise FileNotFoundError(f"no folder at {folder!r}")
+        base = fs.makeQualified(p).toUri().getPath().rstrip("/") + "/"
+        found, it = [], fs.listFiles(p, True)
+        while it.hasNext():
+            found.append(str(it.next().getPath().toUri().getPath())[len(base):])
+        return sorted(found)
 
     def modified(self, path: str) -> float:
         """Last modification, seconds since the epoch."""
@@ -171,7 +196,7 @@ class Storage:
         self._put(fs, tmp, data, overwrite=True)
         try:
             context = jvm.org.apache.hadoop.fs.FileContext.getFileContext(p.toUri(), conf)
-            options = self._spark.sparkContext._gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+            options = self._context()._gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
             options[0] = jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
             context.rename(tmp, p, options)
         except Exception:
@@ -233,7 +258,7 @@ class Storage:
                 held = self.read_bytes(path).decode("utf-8", "replace")
             except FileNotFoundError:
                 held = "a holder that has just released it"
-            if break_after_s is None or age < break_after_s:
+            if not _holder_gone(held) and (break_after_s is None or age < break_after_s):
                 raise LockHeldError(f"{path} is held by {held} (for {age:.0f} s); if that process is gone, "
                                     "delete the file or pass break_after_s") from None
             fs.delete(p, False)
@@ -247,3 +272,18 @@ class Storage:
     def _owner(owner: str) -> dict:
         return {"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _holder_gone(held: str) -> bool:
+    """Whether a lock file's holder was a process on this host that no longer exists (a run
+    killed before it could release): such a lock is taken over at once."""
+    try:
+        info = json.loads(held)
+        if info.get("host") != socket.gethostname():
+            return False
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return False
+    return False

@@ -15,9 +15,11 @@ checkpoint instead of retraining).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 from typing import Any
 
 from sparkdeep.paths import Paths
@@ -65,6 +67,30 @@ def _flat(prefix: str, value: Any, out: dict) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _local_copy(path: str):
+    """``path`` itself when local; else a temporary local copy of the file or folder (MLflow
+    logs artifacts from local files), removed afterwards."""
+    from sparkdeep import storage
+    if storage.is_local(path):
+        yield path
+        return
+    st = storage.Storage()
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    with tempfile.TemporaryDirectory(prefix="sparkdeep-artifact-") as tmp:
+        target = os.path.join(tmp, name)
+        if st.is_dir(path):
+            for rel in st.files(path):
+                if not rel.rsplit("/", 1)[-1].endswith(".crc"):
+                    os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+                    with open(os.path.join(target, rel), "wb") as fh:
+                        fh.write(st.read_bytes(storage.join(path, rel)))
+        else:
+            with open(target, "wb") as fh:
+                fh.write(st.read_bytes(path))
+        yield target
+
+
 def _metric(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -101,7 +127,8 @@ def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: st
     client.log_batch(mlflow_run, metrics=metrics + [Metric(k, v, 0, len(history)) for k, v in final.items()],
                      params=[Param(k, v[:6000]) for k, v in params.items() if k not in existing],
                      tags=[RunTag(k, v) for k, v in tags.items()])
-    client.log_artifacts(mlflow_run, model_dir, artifact_path="model")
+    with _local_copy(model_dir) as folder:
+        client.log_artifacts(mlflow_run, folder, artifact_path="model")
     client.log_dict(mlflow_run, json.loads(json.dumps(report, default=str)), "reports/train.json")
     return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
 
@@ -121,6 +148,7 @@ def log_evaluate(cfg, paths: Paths, run_id: str | None, result: dict, files: lis
     client.log_batch(mlflow_run, metrics=metrics)
     client.log_dict(mlflow_run, json.loads(json.dumps(result, default=str)), "reports/evaluate.json")
     for path in files:
-        client.log_artifact(mlflow_run, path, artifact_path="reports")
+        with _local_copy(path) as copy:
+            client.log_artifact(mlflow_run, copy, artifact_path="reports")
     client.set_terminated(mlflow_run, status="FINISHED")
     return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}

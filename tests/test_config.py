@@ -151,6 +151,15 @@ def test_values_that_would_fail_late_are_config_errors(conf, override, key):
         load_config(conf, overrides=[override])
 
 
+def test_an_output_folder_on_hdfs_needs_a_tracking_store_of_its_own(conf):
+    # MLflow's default store is a SQLite file under the output folder, which only a local folder can hold.
+    with pytest.raises(ConfigError, match=r"'tracking.uri'.*output_dir is not local \(hdfs://nn:8020/out\)"):
+        load_config(conf, overrides=["output_dir=hdfs://nn:8020/out"])
+    assert load_config(conf, overrides=["output_dir=hdfs://nn:8020/out", "tracking.enabled=false"])
+    assert load_config(conf, overrides=["output_dir=s3a://b/out", "tracking.uri=sqlite:////tmp/m.db"])
+    assert load_config(conf, overrides=["output_dir=file:///tmp/out"])
+
+
 def test_metric_names_are_those_the_ranks_build_for_a_binary_network(conf):
     from sparkdeep import tasks
     names = sorted(tasks.METRICS["binary"])

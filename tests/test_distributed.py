@@ -18,6 +18,19 @@ def allreduce_rank_ids():
     return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total)}
 
 
+def put_files():
+    import os
+
+    from sparkdeep.distributed import put
+    rank = int(os.environ["HOROVOD_RANK"])
+    put(f"r{rank}.bin", bytes(range(256)) * (4096 * (rank + 1)))  # 1 and 2 MiB, beyond a line's limit
+    try:
+        put("refused", b"x")
+    except RuntimeError as e:
+        return str(e)
+    return "accepted"
+
+
 def fail_on_rank_one():
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -47,6 +60,26 @@ def test_two_ranks_all_reduce_and_return_by_rank(spark):
     results = run_on_ranks(allreduce_rank_ids, num_proc=2)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 and r["sum"] == 3.0 for r in results)
+
+
+@pytest.mark.slow
+def test_ranks_hand_files_to_the_driver_and_hear_its_refusals(spark):
+    got = {}
+
+    def on_put(rank, name, data):
+        if name == "refused":
+            raise PermissionError(f"no room for {name}")
+        got[(rank, name)] = data
+    results = run_on_ranks(put_files, num_proc=2, on_put=on_put)
+    assert got == {(0, "r0.bin"): bytes(range(256)) * 4096, (1, "r1.bin"): bytes(range(256)) * 8192}
+    assert results == ["the driver could not store refused: PermissionError: no room for refused"] * 2
+
+
+def test_put_outside_a_rank_is_an_error(monkeypatch):
+    from sparkdeep.distributed import _BEAT_ENV, put
+    monkeypatch.delenv(_BEAT_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="not inside a rank"):
+        put("x", b"")
 
 
 @pytest.mark.slow

@@ -300,7 +300,7 @@ def test_forced_upstream_job_reruns_downstream_jobs(spark, cfg, repo_root, capsy
 @pytest.mark.parametrize("cause", ["No space left on device", "Permission denied"])
 def test_a_manifest_that_cannot_be_written_fails_the_run_in_one_line(spark, cfg, repo_root, capsys,
                                                                      monkeypatch, cause):
-    from sparkdeep import paths as paths_module
+    from sparkdeep import storage as storage_module
     from sparkdeep.jobs._common import execute, parser
     paths = Paths.under(cfg.output_dir)
     manifest = paths.manifest("full-disk")
@@ -310,8 +310,8 @@ def test_a_manifest_that_cannot_be_written_fails_the_run_in_one_line(spark, cfg,
             # The next manifest write goes to /dev/full: a real ENOSPC, once (the temp file is removed).
             os.symlink("/dev/full", f"{manifest}.tmp-{os.getpid()}")
         else:  # root ignores file modes, so the refusal is simulated, for good
-            real = paths_module.os.replace
-            monkeypatch.setattr(paths_module.os, "replace", lambda a, b: real(a, b) if not b.endswith(
+            real = storage_module.os.replace
+            monkeypatch.setattr(storage_module.os, "replace", lambda a, b: real(a, b) if not b.endswith(
                 "manifest.json") else (_ for _ in ()).throw(PermissionError(13, "Permission denied", a)))
         return {}
 

@@ -129,3 +129,107 @@ def test_delta_tables_and_saved_models_live_on_hdfs(hdfs, spark):
     assert again.transform(df).select("s").collect() == model.transform(df).select("s").collect()
     assert "metadata" in Storage(spark).listdir(folder)
     assert os.path.basename(folder) == "p"
+
+
+@pytest.mark.slow
+def test_a_lock_left_by_a_killed_process_on_this_host_is_taken_over(hdfs, spark):
+    import socket
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    st = Storage(spark)
+    lock = f"{hdfs.url}/locks/killed.lock"
+    st.write_bytes(lock, json.dumps({"owner": "run killed", "host": socket.gethostname(), "pid": int(gone)}).encode())
+    with st.lock(lock, owner="run next"):
+        assert "run next" in st.read_bytes(lock).decode()
+    # A live holder on this host is not taken over.
+    st.write_bytes(lock, json.dumps({"owner": "run alive", "host": socket.gethostname(), "pid": os.getpid()}).encode())
+    with pytest.raises(LockHeldError, match="run alive"):
+        with st.lock(lock, owner="run next"):
+            pass
+
+
+def _pipeline(out, run_id, *extra):
+    import sys
+    return [sys.executable, "-m", "sparkdeep.jobs.pipeline", "--env", "ci", "--output-dir", out,
+            "--run-id", run_id, *extra]
+
+
+@pytest.mark.slow
+def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs, spark, repo_root, tmp_path):
+    """Issue 14.2 acceptance: output_dir on hdfs://. A run stopped in train (after its first
+    epoch's checkpoint) resumes from that checkpoint, read back from HDFS; tables, models,
+    reports, manifests, checkpoints and the runs table all live on HDFS, nothing locally;
+    a new process loads the promoted pipeline from HDFS and scores exactly the same rows."""
+    import subprocess
+    from sparkdeep import delta_io
+    from sparkdeep.paths import tree_digest
+    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    out = f"{hdfs.url}/runs-out"
+    track = ["--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    env = {**os.environ}
+
+    def run(cmd, **more):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
+                              env={**env, **more})
+        return done
+
+    first = run(_pipeline(out, "on-hdfs", *track), **{FAIL_AT_EPOCH_ENV: "0:1"})
+    assert first.returncode == 1, first.stderr[-3000:]
+    assert "failed in step train" in first.stderr and "injected failure after epoch 1" in first.stderr
+    st = Storage(spark)
+    m = st.read_json(f"{out}/runs/on-hdfs/manifest.json")
+    assert m["steps"]["train"]["status"] == "failed" and m["steps"]["prepare"]["status"] == "succeeded"
+    assert not st.exists(f"{out}/.lock")  # released by the failed run
+    [key] = st.listdir(f"{out}/checkpoints")
+    state = st.read_json(f"{out}/checkpoints/{key}/state.json")
+    assert state["completed_epochs"] == 1 and state["files"] == "epoch-0001"
+
+    second = run(_pipeline(out, "on-hdfs", *track))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "[ingest] already done in run on-hdfs: skipped" in second.stdout
+    assert "resuming run" in second.stdout and "after epoch 1" in second.stdout
+    m = st.read_json(f"{out}/runs/on-hdfs/manifest.json")
+    assert m["status"] == "succeeded" and m["output_dir"] == out
+    assert st.read_json(f"{out}/checkpoints/{key}/state.json")["completed_epochs"] == 2
+    assert st.listdir(f"{out}/checkpoints/{key}") == ["epoch-0002", "state.json"]  # the older epoch removed
+    train = st.read_json(f"{out}/runs/on-hdfs/reports/train.json")
+    assert train["keras"]["resumed_from_epoch"] == 1
+    assert [h["epoch"] for h in train["keras"]["history"]] == [1, 2]
+
+    # Tables: Delta on HDFS, at the versions the manifest records.
+    for step in ("ingest", "prepare", "score"):
+        for table, ref in m["steps"][step]["outputs"].items():
+            assert ref["path"] == f"{out}/tables/{table}"
+            assert delta_io.read(spark, ref["path"], ref["version"]).count() >= 0
+    rows = m["steps"]["score"]["rows"]["rows_out_predictions"]
+    assert rows == m["steps"]["prepare"]["rows"]["rows_holdout"] > 0
+    runs = delta_io.read(spark, f"{out}/tables/runs").where("run_id = 'on-hdfs'").first()
+    assert runs["status"] == "succeeded" and runs["manifest_path"] == f"{out}/runs/on-hdfs/manifest.json"
+    # Models and reports: on HDFS, digests as recorded.
+    latest = st.read_json(f"{out}/models/latest.json")
+    assert latest["run_id"] == "on-hdfs"
+    for name, ref in latest["models"].items():
+        assert ref["path"].startswith(f"{out}/models/runs/on-hdfs/")
+        assert tree_digest(ref["path"]) == ref["digest"]
+    assert st.read_bytes(f"{out}/reports/evaluate.html").startswith(b"<")
+    assert st.exists(f"{out}/dataset.json")
+    assert not os.path.exists(tmp_path / "runs-out") and not any(p.startswith("hdfs") for p in os.listdir(tmp_path))
+
+    # A new process loads the promoted pipeline from HDFS and scores the same rows the same way.
+    rescored = run([*_pipeline(out, "rescore", *track, "--steps", "score")])
+    assert rescored.returncode == 0, rescored.stderr[-3000:]
+    m2 = st.read_json(f"{out}/runs/rescore/manifest.json")
+    assert m2["steps"]["score"]["model_inputs"]["pipeline"]["run_id"] == "on-hdfs"
+    before = m["steps"]["score"]["outputs"]["predictions"]
+    after = m2["steps"]["score"]["outputs"]["predictions"]
+    assert after["version"] > before["version"]
+    a = delta_io.read(spark, before["path"], before["version"])
+    b = delta_io.read(spark, after["path"], after["version"])
+    assert a.count() == b.count() == rows and a.exceptAll(b).count() == 0
+
+    # The lock on HDFS: a run while another holds the output folder exits 3 naming the holder.
+    with st.lock(f"{out}/.lock", owner="run holder"):
+        blocked = run(_pipeline(out, "blocked", *track, "--steps", "score"))
+    assert blocked.returncode == 3 and "in use by run 'holder'" in blocked.stderr

@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -84,24 +83,21 @@ def require_finite(record: dict, epoch: int) -> None:
             f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
 
 
-def _checkpoint(folder: str, model, optimizer, state: dict) -> None:
-    """Rank 0 writes model, optimizer state and progress atomically (tmp dir + rename)."""
+def _checkpoint(model, optimizer, state: dict) -> None:
+    """Rank 0 hands the epoch's checkpoint to the driver, which stores it under the run's
+    checkpoint folder, local or not (:class:`~sparkdeep.transformers.keras_estimator.CheckpointStore`):
+    the model and optimizer files of the epoch first, then ``state.json`` naming them."""
+    import io
+
     import numpy as np
-    os.makedirs(os.path.dirname(folder.rstrip("/")) or ".", exist_ok=True)
-    tmp = folder.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    model.save(os.path.join(tmp, "model.keras"))
-    arrays = {f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)}
-    np.savez(os.path.join(tmp, "optimizer.npz"), **arrays)
-    with open(os.path.join(tmp, "state.json"), "w") as fh:
-        json.dump(state, fh)
-    old = folder.rstrip("/") + ".old"
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(folder):
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+
+    from sparkdeep.distributed import put
+    epoch_folder = f"epoch-{int(state['completed_epochs']):04d}"
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
+    put(f"{epoch_folder}/model.keras", keras_to_bytes(model))
+    put(f"{epoch_folder}/optimizer.npz", buffer.getvalue())
+    put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
 
 
 def _code_root() -> str:
@@ -418,7 +414,7 @@ def train_rank(spec: RankSpec) -> dict:
                   f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
                   f"({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
             if spec.checkpoint_dir:
-                _checkpoint(spec.checkpoint_dir, model, optimizer, {"completed_epochs": epoch + 1, "history": history})
+                _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history})
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):
                 os._exit(3)  # a rank that dies without a Python exception

@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import json
 import math
+import re
 import os
 import time
 from typing import Any, Iterator
@@ -214,7 +215,8 @@ class _CheckpointParams(Params):
     runId = Param(Params._dummy(), "runId", "names the run's checkpoint folder ('' = no checkpoints)",
                   typeConverter=TypeConverters.toString)
     checkpointDir = Param(Params._dummy(), "checkpointDir",
-                          "folder for run checkpoints, visible to the driver and rank 0",
+                          "folder for run checkpoints: local or any Hadoop URI (hdfs://, s3a://...); "
+                          "the driver writes them",
                           typeConverter=TypeConverters.toString)
 
     def __init__(self, *args: Any):
@@ -227,7 +229,8 @@ class _CheckpointParams(Params):
             return None
         if not root:
             raise ValueError(f"runId {run!r} needs checkpointDir: where should its checkpoints go?")
-        return os.path.join(root, run)
+        from sparkdeep import storage
+        return storage.join(storage.qualify(root), run)
 
 
 # -- estimator ---------------------------------------------------------------------------
@@ -429,7 +432,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         spill = ShardSpill(split_col="is_validation" if has_validation else None,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
         results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
-                               stall_timeout=self.getOrDefault(self.stallTimeout))
+                               stall_timeout=self.getOrDefault(self.stallTimeout),
+                               on_put=CheckpointStore(folder) if folder else None)
         t_done = time.time()
 
         chief = results[0]
@@ -466,19 +470,47 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         return model
 
 
+class CheckpointStore:
+    """The driver's side of rank 0's per-epoch checkpoints (``on_put`` of the launch).
+
+    Layout under the run's folder (local or any Hadoop URI, through :mod:`sparkdeep.storage`):
+    ``epoch-NNNN/model.keras`` and ``epoch-NNNN/optimizer.npz``, then ``state.json``
+    (completed epochs, history, and which ``epoch-NNNN`` holds the files), written
+    atomically last. A run killed mid-checkpoint leaves ``state.json`` naming the previous
+    complete epoch; older epoch folders are removed once a newer ``state.json`` is written.
+    """
+
+    _NAME = re.compile(r"^(state\.json|epoch-\d{4,}/(model\.keras|optimizer\.npz))$")
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def __call__(self, rank: int, name: str, data: bytes) -> None:
+        from sparkdeep import storage
+        if rank != 0 or not self._NAME.match(name):
+            raise ValueError(f"checkpoint file {name!r} from rank {rank}: not part of a checkpoint")
+        st = storage.Storage()
+        st.write_bytes(storage.join(self.folder, name), data)
+        if name == "state.json":
+            keep = json.loads(data)["files"]
+            for entry in st.listdir(self.folder):
+                if entry.startswith("epoch-") and entry != keep:
+                    st.delete(storage.join(self.folder, entry))
+
+
 def _read_checkpoint(folder: str) -> dict | None:
     """The last completed epoch's checkpoint of a run, or None."""
-    state_path = os.path.join(folder, "state.json")
-    if not os.path.isfile(state_path):
+    from sparkdeep import storage
+    from sparkdeep.paths import read_json
+    state = read_json(storage.join(folder, "state.json"))
+    if state is None:
         return None
-    with open(state_path) as fh:
-        state = json.load(fh)
-    with open(os.path.join(folder, "model.keras"), "rb") as fh:
-        model_bytes = fh.read()
-    with open(os.path.join(folder, "optimizer.npz"), "rb") as fh:
-        optimizer_bytes = fh.read()
+    # Checkpoints written before the epoch folders kept their files beside state.json.
+    files = storage.join(folder, state["files"]) if state.get("files") else folder
+    st = storage.Storage()
     return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
-            "model_bytes": model_bytes, "optimizer_bytes": optimizer_bytes}
+            "model_bytes": st.read_bytes(storage.join(files, "model.keras")),
+            "optimizer_bytes": st.read_bytes(storage.join(files, "optimizer.npz"))}
 
 
 def _parameters(fn) -> set[str]:

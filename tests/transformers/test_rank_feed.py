@@ -166,3 +166,33 @@ def test_the_rank_spec_is_typed_and_checked():
         RankSpec(**{**good, "shuffle_buffer_rows": 0})
     with pytest.raises(TypeError):
         RankSpec(**{k: v for k, v in good.items() if k != "epochs"})  # no silent default
+
+
+def test_checkpoints_are_stored_epoch_by_epoch_and_read_back(tmp_path):
+    """Rank 0's files, as the driver's CheckpointStore writes them: an epoch's files, then
+    state.json naming them; an older epoch goes once a newer one is complete."""
+    import json
+    from sparkdeep.transformers.keras_estimator import CheckpointStore, _read_checkpoint
+    folder = str(tmp_path / "run")
+    store = CheckpointStore(folder)
+    assert _read_checkpoint(folder) is None
+    for epoch in (1, 2):
+        store(0, f"epoch-{epoch:04d}/model.keras", b"model %d" % epoch)
+        store(0, f"epoch-{epoch:04d}/optimizer.npz", b"opt %d" % epoch)
+        if epoch == 2:  # killed before state.json: the last complete epoch is still 1
+            assert _read_checkpoint(folder)["model_bytes"] == b"model 1"
+        store(0, "state.json", json.dumps({"completed_epochs": epoch, "history": [],
+                                           "files": f"epoch-{epoch:04d}"}).encode())
+    got = _read_checkpoint(folder)
+    assert (got["completed_epochs"], got["model_bytes"], got["optimizer_bytes"]) == (2, b"model 2", b"opt 2")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-0002", "state.json"]
+    for rank, name in ((1, "state.json"), (0, "../escape.keras"), (0, "epoch-1/model.keras"), (0, "x.py")):
+        with pytest.raises(ValueError, match="not part of a checkpoint"):
+            store(rank, name, b"")
+    # The layout before epoch folders: the files beside state.json.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "state.json").write_text(json.dumps({"completed_epochs": 3, "history": [{"epoch": 3}]}))
+    (old / "model.keras").write_bytes(b"m")
+    (old / "optimizer.npz").write_bytes(b"o")
+    assert _read_checkpoint(str(old))["completed_epochs"] == 3
