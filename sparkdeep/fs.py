@@ -16,12 +16,11 @@ def _fs_and_path(spark: SparkSession, path: str):
 
 
 def write_bytes(spark: SparkSession, path: str, data: bytes) -> None:
+    """Write through Hadoop's FileSystem even for local paths, so a ``.crc`` side file is
+    written beside the bytes and :func:`read_bytes` can tell a changed file."""
+    from sparkdeep.storage import Storage
     fs, hpath = _fs_and_path(spark, path)
-    out = fs.create(hpath, True)
-    try:
-        out.write(bytearray(data))
-    finally:
-        out.close()
+    Storage._put(fs, hpath, data, overwrite=True)
 
 
 class ChecksumError(OSError):

@@ -364,6 +364,7 @@ def train_rank(spec: RankSpec) -> dict:
     monitor = "val_loss" if val_feed is not None else "loss"
     stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history)
     t_first_step = None
+    checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
     update_no = start_epoch * updates
     comm_calls = 0
@@ -414,7 +415,9 @@ def train_rank(spec: RankSpec) -> dict:
                   f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
                   f"({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
             if spec.checkpoint_dir:
+                t_ck = time.time()
                 _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history})
+                checkpoint_s += time.time() - t_ck
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):
                 os._exit(3)  # a rank that dies without a Python exception
@@ -441,7 +444,8 @@ def train_rank(spec: RankSpec) -> dict:
         "weights_digest": weights_digest(model),
         # Where this rank imported the project from: the shipped archive on a cluster.
         "code_path": _code_root(),
-        "timings": {"enter": t_enter, "first_step": t_first_step or t_end, "train_start": t_train0, "end": t_end},
+        "timings": {"enter": t_enter, "first_step": t_first_step or t_end, "train_start": t_train0, "end": t_end,
+                    "checkpoints": round(checkpoint_s, 3)},
     }
     if rank == 0:
         result["history"] = history
