@@ -45,6 +45,10 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
                    help="if another run holds the output folder, wait this long for it instead of "
                         "failing at once (default: 0)")
+    p.add_argument("--break-lock", action="store_true",
+                   help="take over the output lock of a run that is known to be gone, on an hdfs:// or other "
+                        "non-local output folder (a local folder's lock dies with its process; a lock left by "
+                        "a run on this host is taken over without this)")
     p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
     return p
 
@@ -108,7 +112,8 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
         # steps are all done starts no Spark); an hdfs:// or s3a:// one needs Spark's
         # Hadoop FileSystem from the start.
         early = None if storage.is_local(cfg.output_dir) else session()
-        with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock) as run:
+        with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock,
+                 break_lock=getattr(args, "break_lock", False)) as run:
             run.session = early
             print(f"[{label}] run {run.run_id}: manifest {run.manifest.path}", flush=True)
             for i, n in enumerate(names, 1):

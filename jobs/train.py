@@ -23,16 +23,18 @@ from sparkdeep.runs import StepRun
 from sparkdeep.jobs._common import main_for
 
 
-def checkpoint_key(cfg, fingerprint: dict) -> str:
-    """The checkpoint folder's name for this training input and these settings.
+def checkpoint_key(cfg, fingerprint: dict, generation: int = 0) -> str:
+    """The checkpoint folder's name for this training input, these settings and this
+    ``--force`` generation of the run.
 
     Keyed by the input's content (its lineage fingerprint), not its Delta version: versions
     restart at 0 when a table is recreated, and new rows under an old version number must
     not resume, or load, another input's finished checkpoint. A rerun after a kill reads the
-    same rows with the same settings, so it resumes.
+    same rows with the same settings, so it resumes. ``--force`` (a new generation) trains
+    afresh instead of loading the finished checkpoint of the generation before.
     """
     key = json.dumps([fingerprint, dataclasses.asdict(cfg.train), cfg.seed], sort_keys=True)
-    return "train-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+    return "train-" + hashlib.sha256(key.encode()).hexdigest()[:20] + (f"-g{generation}" if generation else "")
 
 
 def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
@@ -50,7 +52,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     task = cfg.dataset.task
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
-    checkpoint_run = checkpoint_key(cfg, fingerprint)
+    checkpoint_run = checkpoint_key(cfg, fingerprint, run.generation)
     layout = network_layout(prepare_model, train)
     estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                    checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"])

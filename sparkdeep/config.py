@@ -146,7 +146,7 @@ class Config:
         loss_ok = self.train.loss == "" or (self.train.loss.lower() in tasks.LOSS_TASK and (
             task is None or tasks.LOSS_TASK[self.train.loss.lower()] == task))
         checks = [
-            ("output_dir", bool(self.output_dir.strip())),
+            ("output_dir", bool(self.output_dir.strip()) and _usable_folder(self.output_dir)),
             ("data.sample_fraction", 0 < self.data.sample_fraction <= 1),
             ("prepare.holdout_fraction", 0 < self.prepare.holdout_fraction < 1),
             ("prepare.majority_ratio", self.prepare.majority_ratio >= 0),
@@ -186,7 +186,8 @@ class Config:
             # MLflow's default store is a SQLite file under the output folder: only a local one.
             ("tracking.uri", bool(self.tracking.uri) or not self.tracking.enabled or _is_local(self.output_dir)),
         ]
-        allowed = {"output_dir": "a folder (an empty one would mean the current directory)",
+        allowed = {"output_dir": "a folder (an empty one would mean the current directory): a path, "
+                                 "file:///absolute/path, or a Hadoop URI such as hdfs://namenode:8020/path",
                    "tracking.uri": ("an MLflow tracking URI (a server, or sqlite:///<a local file>) when "
                                     f"output_dir is not local ({self.output_dir}): the default SQLite store "
                                     "lives under the output folder; or set tracking.enabled=false"),
@@ -209,6 +210,15 @@ class Config:
                     value = getattr(value, part)
                 hint = f" (expected {allowed[key]})" if key in allowed else ""
                 raise ConfigError(f"config key {key!r}: value {shown(value)} is out of range{hint}")
+
+
+def _usable_folder(path: str) -> bool:
+    from sparkdeep.storage import qualify
+    try:
+        qualify(path)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_local(path: str) -> bool:

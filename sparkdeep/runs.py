@@ -106,11 +106,12 @@ class OutputLock:
     dies. Hadoop URIs (``hdfs://``...), where ``flock`` means nothing: the lock file is
     created only if absent (:meth:`sparkdeep.storage.Storage.lock`) and deleted on release;
     one left by a run killed on this host is taken over, one from another host is reported
-    with its owner and age (delete it once that run is known to be gone).
+    with its owner and age (``--break-lock`` takes it over once that run is known to be gone).
     """
 
-    def __init__(self, root: str, run_id: str, wait_s: float = 0.0):
+    def __init__(self, root: str, run_id: str, wait_s: float = 0.0, break_stale: bool = False):
         self.root = root
+        self.break_stale = break_stale
         self.path = storage.join(root, ".lock")
         self.run_id = run_id
         self.wait_s = wait_s
@@ -146,7 +147,7 @@ class OutputLock:
         from sparkdeep.storage import LockHeldError, Storage
         deadline = time.monotonic() + self.wait_s
         while True:
-            held = Storage().lock(self.path, owner=f"run {self.run_id}")
+            held = Storage().lock(self.path, owner=f"run {self.run_id}", break_after_s=0 if self.break_stale else None)
             try:
                 held.__enter__()
                 self._held = held
@@ -163,7 +164,8 @@ class OutputLock:
 
     def _locked(self, holder: dict, remote: bool = False) -> "OutputLocked":
         waited = f" after waiting {self.wait_s:.0f}s" if self.wait_s else ""
-        stale = (f"; if that run is gone (killed on another host), delete {self.path}" if remote else "")
+        stale = (f"; if that run is gone (killed on another host), pass --break-lock (or delete {self.path})"
+                 if remote else "")
         return OutputLocked(
             f"output {self.root!r} is in use by run {holder.get('run_id', '?')!r} "
             f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since "
@@ -209,13 +211,22 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def error_line(exc: BaseException) -> str:
     """One line naming the error: for a JVM error, its root cause (``java.io.IOException:
-    No space left on device``), not py4j's ``An error occurred while calling o123.save``."""
+    No space left on device``), not py4j's ``An error occurred while calling o123.save``;
+    where Hadoop wrapped the cause to name the address it failed to reach, that wrapper."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
         try:
-            while java.getCause() is not None:
-                java = java.getCause()
-            return f"{type(exc).__name__}: {java.toString()}".splitlines()[0]
+            chain = [java]
+            while chain[-1].getCause() is not None and len(chain) < 50:
+                chain.append(chain[-1].getCause())
+            root = chain[-1]
+            text = str(root.toString())
+            # Hadoop wraps a network error in one of the same class that names the address
+            # ("Call From host to 127.0.0.1:8020 failed on connection exception: ...").
+            if len(chain) > 1 and chain[-2].getClass().getName() == root.getClass().getName() and \
+                    str(root.getMessage() or "") in str(chain[-2].getMessage() or ""):
+                text = str(chain[-2].toString())
+            return f"{type(exc).__name__}: {text}".splitlines()[0]
         except Exception:  # noqa: BLE001 - the JVM may be gone: fall back to the Python text
             pass
     text = str(exc).strip()
@@ -568,7 +579,8 @@ class Run:
     ...             run.finish(step_run, step(spark, cfg, run.paths, step_run))
     """
 
-    def __init__(self, cfg: Config, run_id: str | None = None, *, force: bool = False, wait_lock: float = 0.0):
+    def __init__(self, cfg: Config, run_id: str | None = None, *, force: bool = False, wait_lock: float = 0.0,
+                 break_lock: bool = False):
         self.cfg = cfg
         self.run_id = check_run_id(run_id) if run_id else new_run_id()
         self.paths = Paths.under(cfg.output_dir)
@@ -578,7 +590,7 @@ class Run:
         self.session = None
         #: Why a failure could not be written to the manifest (disk full...), or None.
         self.unrecorded: str | None = None
-        self._lock = OutputLock(self.paths.root, self.run_id, wait_s=wait_lock)
+        self._lock = OutputLock(self.paths.root, self.run_id, wait_s=wait_lock, break_stale=break_lock)
 
     def __enter__(self) -> "Run":
         self._lock.__enter__()

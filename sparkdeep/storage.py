@@ -44,10 +44,17 @@ def is_local(path: str) -> bool:
 
 
 def local(path: str) -> str:
-    """A local path or ``file:`` URI as an absolute OS path."""
+    """A local path or ``file:`` URI as an absolute OS path (``~`` expanded).
+
+    Raises ValueError for a ``file:`` URI naming a host: ``file://tmp/x`` means the host
+    ``tmp``, not the folder ``/tmp/x`` (write ``file:///tmp/x``)."""
     if path.startswith("file:"):
-        path = urlparse(path).path
-    return os.path.abspath(path)
+        parsed = urlparse(path)
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"{path!r} names the host {parsed.netloc!r}; a local folder is file:///absolute/path "
+                             "(three slashes) or a plain path")
+        path = parsed.path
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def qualify(path: str) -> str:
@@ -248,25 +255,63 @@ class Storage:
             return
         fs, p = self._fs(path)
         body = json.dumps(self._owner(owner)).encode()
-        try:
-            self._put(fs, p, body, overwrite=False)
-        except Exception as exc:  # FileAlreadyExistsException through Py4J
-            if "AlreadyExists" not in str(exc) and not fs.exists(p):
-                raise
-            age = time.time() - self.modified(path)
+        if not self._create(fs, p, body):
             try:
+                age = time.time() - self.modified(path)
                 held = self.read_bytes(path).decode("utf-8", "replace")
-            except FileNotFoundError:
-                held = "a holder that has just released it"
-            if not _holder_gone(held) and (break_after_s is None or age < break_after_s):
-                raise LockHeldError(f"{path} is held by {held} (for {age:.0f} s); if that process is gone, "
-                                    "delete the file or pass break_after_s") from None
-            fs.delete(p, False)
-            self._put(fs, p, body, overwrite=False)
+            except Exception:  # noqa: BLE001 - released between the two calls: try once more
+                if not self._create(fs, p, body):
+                    raise LockHeldError(f"{path} is held by another process (it changed hands just now)") from None
+            else:
+                gone = _holder_gone(held)
+                if not gone and (break_after_s is None or age < break_after_s):
+                    raise LockHeldError(f"{path} is held by {held} (for {age:.0f} s); if that process is gone, "
+                                        "delete the file or pass break_after_s") from None
+                self._take_over(fs, p, path, held, body)
+                why = "its process is gone" if gone else f"held {age:.0f} s, past break_after_s"
+                print(f"[lock] took over {path} from {held} ({why})", flush=True)
         try:
             yield
         finally:
             fs.delete(p, False)
+
+    def _create(self, fs, p, body: bytes) -> bool:
+        """Create the file only if absent: True when this call created it."""
+        try:
+            self._put(fs, p, body, overwrite=False)
+            return True
+        except Exception as exc:  # FileAlreadyExistsException through Py4J
+            if "AlreadyExists" not in str(exc) and not fs.exists(p):
+                raise
+            return False
+
+    def _take_over(self, fs, p, path: str, held: str, body: bytes) -> None:
+        """Replace the stale lock ``held`` by ours. Takers-over exclude each other with a
+        second create-if-absent file, ``<lock>.break``, and delete the lock only while it still
+        holds what they judged stale: two of them never both win, nor does one delete the
+        lock another has just taken."""
+        jvm, _ = self._jvm()
+        breaker = jvm.org.apache.hadoop.fs.Path(f"{path}.break")
+        if not self._create(fs, breaker, body):
+            try:
+                if time.time() - fs.getFileStatus(breaker).getModificationTime() / 1000.0 > 60:
+                    fs.delete(breaker, False)  # a taker-over that died mid-way (it takes milliseconds)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                pass
+            raise LockHeldError(f"{path}: another process is taking over this stale lock now") from None
+        try:
+            try:
+                current = self.read_bytes(path).decode("utf-8", "replace")
+            except FileNotFoundError:
+                current = None
+            if current is not None and current != held:
+                raise LockHeldError(f"{path} is held by {current}")
+            if current is not None:
+                fs.delete(p, False)
+            if not self._create(fs, p, body):
+                raise LockHeldError(f"{path} was taken by another process just now")
+        finally:
+            fs.delete(breaker, False)
 
     @staticmethod
     def _owner(owner: str) -> dict:

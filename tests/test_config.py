@@ -138,6 +138,7 @@ def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
     ("train.metrics=[auc, f1]", "train.metrics"),
     ("output_dir=", "output_dir"),
     ("output_dir=' '", "output_dir"),
+    ("output_dir=file://tmp/out", "output_dir"),  # the host "tmp", not /tmp/out
     ("gate.metric=f1", "gate.metric"),
     ("baselines.models=[gbt, gbt]", "baselines.models"),
     ("baselines.models=[xgboost]", "baselines.models"),

@@ -4,6 +4,7 @@ lock excludes a second holder and names the first."""
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -13,7 +14,12 @@ from sparkdeep.storage import LockHeldError, Storage
 
 def test_paths_keep_their_scheme_and_local_ones_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert storage.qualify("out") == str(tmp_path / "out")
+    assert storage.qualify("~/out") == str(tmp_path / "home" / "out")
+    assert storage.qualify("file://localhost/tmp/o") == storage.qualify("file:///tmp/o") == "/tmp/o"
+    with pytest.raises(ValueError, match="names the host 'tmp'.*file:///absolute/path"):
+        storage.qualify("file://tmp/out")
     assert storage.qualify("file:///data/out") == "/data/out"
     assert storage.qualify("hdfs://nn:8020/out/") == "hdfs://nn:8020/out"
     assert storage.join("s3a://bucket/out", "runs", "r1/") == "s3a://bucket/out/runs/r1"
@@ -92,15 +98,36 @@ def test_the_hdfs_lock_is_create_if_absent_and_a_stale_one_can_be_broken(hdfs, s
         assert "new run" in st.read_bytes(lock).decode()
     assert not st.exists(lock)
     # Two threads racing for one lock: exactly one gets it.
-    got, errors = [], []
+    got, errors, _ = _race(st, f"{hdfs.url}/locks/race.lock")
+    assert len(got) == 1 and len(errors) == 1
+
+    # Two processes taking over one stale lock at once (review of issue 14): one wins; the
+    # other neither wins too nor deletes the winner's fresh lock.
+    for attempt in range(3):
+        stale = f"{hdfs.url}/locks/stale-race-{attempt}.lock"
+        st.write_bytes(stale, json.dumps({"owner": "run long gone"}).encode())
+        fs, path = st._fs(stale)
+        hour_ago = int((time.time() - 3600) * 1000)
+        fs.setTimes(path, hour_ago, hour_ago)
+        got, errors, holders = _race(st, stale, break_after_s=600)
+        assert len(got) == 1 and len(errors) == 1, (got, errors)
+        assert holders == got  # the winner's lock was still its own at the end
+        assert not st.exists(stale) and not st.exists(stale + ".break")
+
+
+def _race(st, lock, **kw):
+    """Threads "a" and "b" take ``lock`` at the same moment: who got it, the refusals, and
+    whose name the lock file held just before the winner let go."""
+    got, errors, holders = [], [], []
     barrier = threading.Barrier(2)
 
     def take(name):
         barrier.wait()
         try:
-            with st.lock(f"{hdfs.url}/locks/race.lock", owner=name):
+            with st.lock(lock, owner=name, **kw):
                 got.append(name)
                 threading.Event().wait(1.0)
+                holders.append(json.loads(st.read_bytes(lock))["owner"])
         except LockHeldError as e:
             errors.append(str(e))
     threads = [threading.Thread(target=take, args=(n,)) for n in ("a", "b")]
@@ -108,7 +135,7 @@ def test_the_hdfs_lock_is_create_if_absent_and_a_stale_one_can_be_broken(hdfs, s
         t.start()
     for t in threads:
         t.join()
-    assert len(got) == 1 and len(errors) == 1
+    return got, errors, holders
 
 
 @pytest.mark.slow
@@ -233,3 +260,37 @@ def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs,
     with st.lock(f"{out}/.lock", owner="run holder"):
         blocked = run(_pipeline(out, "blocked", *track, "--steps", "score"))
     assert blocked.returncode == 3 and "in use by run 'holder'" in blocked.stderr
+    # One left by a run on another host stays until --break-lock (the user knows that run is gone).
+    st.write_bytes(f"{out}/.lock", json.dumps({"owner": "run ghost", "host": "elsewhere", "pid": 1}).encode())
+    blocked = run(_pipeline(out, "blocked", *track, "--steps", "evaluate"))
+    assert blocked.returncode == 3 and "in use by run 'ghost'" in blocked.stderr and "--break-lock" in blocked.stderr
+    broke = run(_pipeline(out, "blocked", *track, "--steps", "evaluate", "--break-lock"))
+    assert broke.returncode == 0, broke.stderr[-3000:]
+    assert "[lock] took over" in broke.stdout and "run ghost" in broke.stdout
+    assert not st.exists(f"{out}/.lock")
+
+
+@pytest.mark.slow
+def test_a_namenode_that_never_answers_or_refuses_fails_the_run_naming_it(repo_root, tmp_path):
+    """Review of issue 14: a socket that accepts and never replies hung the job for good
+    (Hadoop's RPC timeout is off by default; conf/base sets one)."""
+    import socket
+    import subprocess
+    import time
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # the kernel accepts; nothing ever answers
+    port = server.getsockname()[1]
+    try:
+        for url, expect in ((f"hdfs://127.0.0.1:{port}/out", "timeout while waiting for channel to be ready"),
+                            ("hdfs://127.0.0.1:1/out", "to localhost:1 failed on connection exception")):
+            t0 = time.time()
+            done = subprocess.run(_pipeline(url, "unreachable", "--set", "tracking.enabled=false", "--set",
+                                            "spark.settings.spark.hadoop.ipc.client.rpc-timeout.ms=3000"),
+                                  capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+            assert done.returncode == 1, done.stderr[-2000:]
+            [line] = [x for x in done.stderr.splitlines() if x.startswith("pipeline: failed")]
+            assert expect in line, line
+            assert time.time() - t0 < 120
+    finally:
+        server.close()

@@ -83,10 +83,11 @@ def require_finite(record: dict, epoch: int) -> None:
             f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
 
 
-def _checkpoint(model, optimizer, state: dict) -> None:
+def _checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
     """Rank 0 hands the epoch's checkpoint to the driver, which stores it under the run's
     checkpoint folder, local or not (:class:`~sparkdeep.transformers.keras_estimator.CheckpointStore`):
-    the model and optimizer files of the epoch first, then ``state.json`` naming them."""
+    the model and optimizer files of the epoch (and early stopping's best weights so far)
+    first, then ``state.json`` naming them."""
     import io
 
     import numpy as np
@@ -97,7 +98,22 @@ def _checkpoint(model, optimizer, state: dict) -> None:
     np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
     put(f"{epoch_folder}/model.keras", keras_to_bytes(model))
     put(f"{epoch_folder}/optimizer.npz", buffer.getvalue())
+    if best_weights is not None:
+        best = io.BytesIO()
+        np.savez(best, **{f"w{i}": np.asarray(w) for i, w in enumerate(best_weights)})
+        put(f"{epoch_folder}/best.npz", best.getvalue())
     put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
+
+
+def _weights_from(data: bytes | None):
+    """Weights saved by :func:`_checkpoint` as ``best.npz``, in order (None without any)."""
+    if not data:
+        return None
+    import io
+
+    import numpy as np
+    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+        return [saved[f"w{i}"] for i in range(len(saved.files))]
 
 
 def _code_root() -> str:
@@ -127,10 +143,17 @@ class EarlyStopping:
     epoch's weights are kept (``weights`` is called on each improvement) and :meth:`restore`
     puts them back only when training stopped early."""
 
-    def __init__(self, monitor: str, patience: int, history=()):
+    def __init__(self, monitor: str, patience: int, history=(), saved: dict | None = None, best_weights=None):
         self.monitor, self.patience = monitor, int(patience)
         self.best = min((r[monitor] for r in history if monitor in r), default=math.inf)
         self.best_weights, self.waited, self.stopped = None, 0, False
+        if saved:  # a resumed run: where the count stood, and the best epoch's weights
+            self.waited, self.stopped = int(saved.get("waited", 0)), bool(saved.get("stopped", False))
+            self.best_weights = best_weights
+
+    def state(self) -> dict:
+        """What a checkpoint keeps to resume the count (the best value follows from the history)."""
+        return {"monitor": self.monitor, "best": self.best, "waited": self.waited, "stopped": self.stopped}
 
     def update(self, record: dict, weights=None) -> bool:
         if record[self.monitor] < self.best - 1e-7:
@@ -362,7 +385,9 @@ def train_rank(spec: RankSpec) -> dict:
     start_epoch = int(resume["completed_epochs"]) if resume else 0
     epochs = int(spec.epochs)
     monitor = "val_loss" if val_feed is not None else "loss"
-    stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history)
+    stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history,
+                             saved=resume.get("stopping") if resume else None,
+                             best_weights=_weights_from(resume.get("best_bytes")) if resume else None)
     t_first_step = None
     checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
@@ -405,6 +430,9 @@ def train_rank(spec: RankSpec) -> dict:
         require_finite(record, epoch + 1)
         history.append(record)
         stop = stopping.update(record, model.get_weights)
+        finished = stop or epoch + 1 == epochs
+        if stop:
+            stopping.restore(model)  # before the last checkpoint: a reload gets the best epoch's weights
         if rank == 0:
             left = (epochs - epoch - 1) * seconds
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
@@ -416,7 +444,9 @@ def train_rank(spec: RankSpec) -> dict:
                   f"({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
             if spec.checkpoint_dir:
                 t_ck = time.time()
-                _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history})
+                _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
+                                               "finished": finished, "stopping": stopping.state()},
+                            best_weights=None if finished else stopping.best_weights)
                 checkpoint_s += time.time() - t_ck
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):

@@ -338,8 +338,9 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
     def _builder_name(self) -> str:
         return self.getModelBuilder() or DEFAULT_BUILDERS[self.getTask()]
 
-    def _network(self, input_dim: int, labels: dict) -> bytes:
-        """The network to train as ``.keras`` bytes, checked against the task and labels."""
+    def _network(self, input_dim: int, labels: dict) -> tuple[bytes, list]:
+        """The network to train as ``.keras`` bytes, checked against the task and labels, and
+        its structure (each layer's class and weight shapes, for checkpoint signatures)."""
         task = self.getTask()
         if self._model_bytes is not None:
             data = self._model_bytes
@@ -363,7 +364,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                              f"vectors of length {input_dim}")
         check_network(task, self.getOrDefault(self.loss), units, activation)
         check_labels(task, units, labels, self.getLabelCol())
-        return data if data is not None else _rank_training.keras_to_bytes(net)
+        layers = [[type(layer).__name__, [list(w.shape) for w in layer.weights]] for layer in net.layers]
+        return (data if data is not None else _rank_training.keras_to_bytes(net)), layers
 
     def _fit(self, dataset: DataFrame) -> "KerasHorovodModel":
         self._validate(dataset)
@@ -397,16 +399,28 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             raise ValueError(f"accumulationSteps={accum} needs {accum} batches per epoch on every rank, but "
                              f"{usable} rows over numProc={num_proc} ranks make about {per_rank_batches} batch(es) "
                              f"of {self.getBatchSize()} each: lower accumulationSteps or batchSize")
-        model_bytes = self._network(checked["width"], checked)
+        model_bytes, layers = self._network(checked["width"], checked)
         task = self.getTask()
 
         folder = self.checkpoint_folder()
+        signature = checkpoint_signature(
+            input_dim=checked["width"], rows=usable, task=task, loss=self.getOrDefault(self.loss).lower(),
+            optimizer=self.getOrDefault(self.optimizer), weighted=bool(wcol), network=layers,
+            validation=vcol or frac) if folder else None
         resume = _read_checkpoint(folder) if folder else None
-        if resume and resume["completed_epochs"] >= self.getEpochs():
-            print(f"[train] run {self.getOrDefault(self.runId)!r} already completed "
-                  f"{resume['completed_epochs']} epochs: loading its checkpoint", flush=True)
+        if resume:
+            _check_signature(folder, self.getOrDefault(self.runId), resume["signature"], signature)
+        if resume and (resume["finished"] or resume["completed_epochs"] >= self.getEpochs()):
+            ended = (f"stopped early after {resume['completed_epochs']} epochs" if
+                     (resume.get("stopping") or {}).get("stopped") else
+                     f"completed {resume['completed_epochs']} epochs")
+            print(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint",
+                  flush=True)
             model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
-                                      trainingSummary={"history": resume["history"], "resumed_from_epoch":
+                                      trainingSummary={"history": resume["history"],
+                                                       "stopped_early": bool((resume.get("stopping") or {})
+                                                                             .get("stopped")),
+                                                       "resumed_from_epoch":
                                                        resume["completed_epochs"], "ranks": [], "timings_s": {},
                                                        "skipped_rows": skipped})
             self._copyValues(model)
@@ -433,7 +447,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
         results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
                                stall_timeout=self.getOrDefault(self.stallTimeout),
-                               on_put=CheckpointStore(folder) if folder else None)
+                               on_put=CheckpointStore(folder, signature) if folder else None)
         t_done = time.time()
 
         chief = results[0]
@@ -482,16 +496,21 @@ class CheckpointStore:
     complete epoch; older epoch folders are removed once a newer ``state.json`` is written.
     """
 
-    _NAME = re.compile(r"^(state\.json|epoch-\d{4,}/(model\.keras|optimizer\.npz))$")
+    _NAME = re.compile(r"^(state\.json|epoch-\d{4,}/(model\.keras|optimizer\.npz|best\.npz))$")
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, signature: dict | None = None):
         self.folder = folder
+        self.signature = signature
 
     def __call__(self, rank: int, name: str, data: bytes) -> None:
         from sparkdeep import storage
         if rank != 0 or not self._NAME.match(name):
             raise ValueError(f"checkpoint file {name!r} from rank {rank}: not part of a checkpoint")
         st = storage.Storage()
+        if name == "state.json" and self.signature is not None:
+            # What the checkpoint was made for, so a later fit with other data or another
+            # network under the same runId is refused rather than resumed.
+            data = json.dumps({**json.loads(data), "signature": self.signature}).encode()
         st.write_bytes(storage.join(self.folder, name), data)
         if name == "state.json":
             keep = json.loads(data)["files"]
@@ -510,9 +529,33 @@ def _read_checkpoint(folder: str) -> dict | None:
     # Checkpoints written before the epoch folders kept their files beside state.json.
     files = storage.join(folder, state["files"]) if state.get("files") else folder
     st = storage.Storage()
+    best = storage.join(files, "best.npz")
     return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
+            "finished": bool(state.get("finished", False)), "stopping": state.get("stopping"),
+            "signature": state.get("signature"),
             "model_bytes": st.read_bytes(storage.join(files, "model.keras")),
-            "optimizer_bytes": st.read_bytes(storage.join(files, "optimizer.npz"))}
+            "optimizer_bytes": st.read_bytes(storage.join(files, "optimizer.npz")),
+            "best_bytes": st.read_bytes(best) if st.exists(best) else None}
+
+
+def checkpoint_signature(**parts) -> dict:
+    """What a checkpoint is valid for; JSON-clean (tuples become lists, as after a round trip)."""
+    return json.loads(json.dumps(parts, sort_keys=True, default=str))
+
+
+def _check_signature(folder: str, run_id: str, saved: dict | None, now: dict) -> None:
+    if saved is None:  # written before signatures were recorded
+        return
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if changed:
+        what = "; ".join(f"{k}: {_short(saved.get(k))} then, {_short(now.get(k))} now" for k in changed)
+        raise ValueError(f"runId {run_id!r}: the checkpoint at {folder} was made for other training ({what}); "
+                         "use a new runId for this data and network, or delete that folder to start over")
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _parameters(fn) -> set[str]:

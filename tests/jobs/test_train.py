@@ -32,6 +32,8 @@ def test_a_recreated_table_at_the_same_version_gets_a_new_checkpoint_key(spark, 
                         overrides=[f"output_dir={tmp_path}", "train.learning_rate=0.01"])
     assert checkpoint_key(other, same_rows) != new
     assert new.startswith("train-") and len(new) <= 32
+    # --force (a new generation of the run) trains afresh: it does not load the finished checkpoint.
+    assert checkpoint_key(cfg, same_rows, 1) == new + "-g1" and checkpoint_key(cfg, same_rows, 0) == new
 
 
 @pytest.mark.parametrize("args, key", [(["--set", "train.learning_rate=.inf"], "train.learning_rate"),

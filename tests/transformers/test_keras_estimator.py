@@ -174,6 +174,36 @@ def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, mo
 
 
 @pytest.mark.slow
+def test_a_run_stopped_early_is_loaded_with_its_best_weights_not_trained_again(cancer, tmp_path):
+    """Review of issue 14: the last checkpoint held the last epoch's weights and counted the
+    run as unfinished, so a second fit trained on and returned another model."""
+    est = _estimator(epochs=40, learningRate=0.05, validationFraction=0.3, earlyStoppingPatience=1,
+                     runId="early", checkpointDir=str(tmp_path))
+    first = est.fit(cancer)
+    s = first.trainingSummary
+    assert s["stopped_early"] and len(s["history"]) < 40
+    again = est.fit(cancer)
+    weights = [_rank_training.weights_digest(_rank_training.keras_from_bytes(m.kerasBytes)) for m in (first, again)]
+    assert weights[0] == weights[1]  # loaded with the best epoch's weights, not trained on
+    assert again.trainingSummary["resumed_from_epoch"] == len(s["history"])
+
+
+def test_a_checkpoint_made_for_other_training_is_refused_naming_what_differs(cancer, tmp_path):
+    import json
+    from sparkdeep.transformers.keras_estimator import CheckpointStore
+    folder = str(tmp_path / "other")
+    store = CheckpointStore(folder, {"input_dim": 10, "rows": 569, "task": "binary"})
+    store(0, "epoch-0003/model.keras", b"m")
+    store(0, "epoch-0003/optimizer.npz", b"o")
+    store(0, "state.json", json.dumps({"completed_epochs": 3, "history": [], "finished": True,
+                                       "files": "epoch-0003"}).encode())
+    est = _estimator(runId="other", checkpointDir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"runId 'other': the checkpoint at .*other was made for other training "
+                                         r"\(input_dim: 10 then, 30 now;.*use a new runId"):
+        est.fit(cancer)
+
+
+@pytest.mark.slow
 def test_skewed_input_partitions_stream_through_a_small_window_every_row_once_per_epoch(cancer):
     """Issue 14: all rows in one input partition, a shuffle window many times smaller than
     each rank's shard: the ranks get even shards, run equal steps, see every training row
@@ -324,6 +354,13 @@ def test_early_stopping_alone_keeps_the_best_weights_and_restores_only_when_it_s
     # A resumed run's history sets the best so far; patience 0 never stops nor restores.
     resumed = EarlyStopping("loss", patience=1, history=[{"loss": 0.4}, {"loss": 0.3}, {"epoch": 3}])
     assert resumed.best == 0.3 and resumed.update({"loss": 0.35}) is True
+    # A resumed run also takes the count so far and the best epoch's weights from its checkpoint.
+    cont = EarlyStopping("loss", patience=2, history=[{"loss": 0.3}, {"loss": 0.4}],
+                         saved=es.state() | {"waited": 1, "stopped": False}, best_weights="w-best")
+    assert cont.update({"loss": 0.5}, lambda: "w-late") is True and cont.best_weights == "w-best"
+    back = Model()
+    cont.restore(back)
+    assert back.weights == "w-best"
     never = EarlyStopping("loss", patience=0)
     assert not any(never.update({"loss": v}, lambda: "w") for v in (1.0, 2.0, 3.0))
     untouched = Model()
