@@ -37,10 +37,13 @@ def _step(spark, cfg, paths, run) -> dict:
     categorical, numeric, left_out = ing.resolve_features(spec, source)
     ok = F.col(ing.CORRUPT).isNull() if ing.CORRUPT in source.df.columns else F.lit(True)
     plan = ing.label_plan(spec, source, ok)
-    # Kept (memory, spilling to disk) for the key check, the counts and both writes: one
-    # pass over the source instead of four (a builtin loader's joins ran again on each).
+    # Kept for the key check, the counts and both writes: one pass over the source instead
+    # of four (a builtin loader's joins ran again on each). On the executors' local disk,
+    # not in memory: a memory cache is built inside the key check's tasks and starved their
+    # hash aggregation (10x rows with a 3g JVM failed with AGGREGATE_OUT_OF_MEMORY; on disk
+    # it passes, and takes the same time at 1x: bench/RESULTS.md).
     classified = ing.classify_rows(spec, source, categorical, numeric, plan,
-                                   cfg.data.sample_fraction, cfg.seed).persist(StorageLevel.MEMORY_AND_DISK)
+                                   cfg.data.sample_fraction, cfg.seed).persist(StorageLevel.DISK_ONLY)
     try:
         return _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, left_out, plan,
                       classified)
