@@ -23,18 +23,23 @@ from sparkdeep.runs import StepRun
 from sparkdeep.jobs._common import main_for
 
 
-def checkpoint_key(cfg, fingerprint: dict, generation: int = 0) -> str:
+def checkpoint_key(cfg, fingerprint: dict, forced: tuple[str, int] | None = None) -> str:
     """The checkpoint folder's name for this training input, these settings and this
     ``--force`` generation of the run.
 
     Keyed by the input's content (its lineage fingerprint), not its Delta version: versions
     restart at 0 when a table is recreated, and new rows under an old version number must
     not resume, or load, another input's finished checkpoint. A rerun after a kill reads the
-    same rows with the same settings, so it resumes. ``--force`` (a new generation) trains
-    afresh instead of loading the finished checkpoint of the generation before.
+    same rows with the same settings, so it resumes. A run started or redone with ``--force``
+    (``forced`` = its run id and generation) gets a folder of its own, so it trains afresh
+    instead of loading a finished checkpoint, its own or another run's; a resume of that
+    run and generation still finds it.
     """
     key = json.dumps([fingerprint, dataclasses.asdict(cfg.train), cfg.seed], sort_keys=True)
-    return "train-" + hashlib.sha256(key.encode()).hexdigest()[:20] + (f"-g{generation}" if generation else "")
+    base = "train-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+    if forced is None:
+        return base
+    return base + "-f" + hashlib.sha256(json.dumps(list(forced)).encode()).hexdigest()[:10]
 
 
 def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
@@ -52,7 +57,8 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     task = cfg.dataset.task
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
-    checkpoint_run = checkpoint_key(cfg, fingerprint, run.generation)
+    forced = run.manifest is not None and (run.generation > 0 or run.manifest.data.get("forced"))
+    checkpoint_run = checkpoint_key(cfg, fingerprint, (run.run_id, run.generation) if forced else None)
     layout = network_layout(prepare_model, train)
     estimator = tr.keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                    checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"])

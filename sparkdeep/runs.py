@@ -269,6 +269,8 @@ class Manifest:
         else:
             data = {"run_id": run_id, "status": "running", "created_at": now(), "attempts": 1,
                     "generation": 0, "config": config, "output_dir": paths.root, "steps": {}}
+        if force:  # recorded, so a resume of a forced run without --force keeps its own checkpoints
+            data["forced"] = True
         data["code_version"] = code_version()
         m = cls(paths, data)
         m.save()

@@ -53,6 +53,8 @@ def local(path: str) -> str:
         if parsed.netloc not in ("", "localhost"):
             raise ValueError(f"{path!r} names the host {parsed.netloc!r}; a local folder is file:///absolute/path "
                              "(three slashes) or a plain path")
+        if not parsed.path:
+            raise ValueError(f"{path!r} names no folder (an empty one would mean the current directory)")
         path = parsed.path
     return os.path.abspath(os.path.expanduser(path))
 
@@ -264,6 +266,9 @@ class Storage:
                     raise LockHeldError(f"{path} is held by another process (it changed hands just now)") from None
             else:
                 gone = _holder_gone(held)
+                if _holder_alive_here(held):
+                    raise LockHeldError(f"{path} is held by {held}, a process alive on this host: not taken "
+                                        "over whatever break_after_s says") from None
                 if not gone and (break_after_s is None or age < break_after_s):
                     raise LockHeldError(f"{path} is held by {held} (for {age:.0f} s); if that process is gone, "
                                         "delete the file or pass break_after_s") from None
@@ -317,6 +322,18 @@ class Storage:
     def _owner(owner: str) -> dict:
         return {"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _holder_alive_here(held: str) -> bool:
+    """Whether a lock file's holder is a running process on this host (never taken over)."""
+    try:
+        info = json.loads(held)
+        if info.get("host") != socket.gethostname():
+            return False
+        os.kill(int(info["pid"]), 0)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return False
+    return True
 
 
 def _holder_gone(held: str) -> bool:

@@ -139,6 +139,7 @@ def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
     ("output_dir=", "output_dir"),
     ("output_dir=' '", "output_dir"),
     ("output_dir=file://tmp/out", "output_dir"),  # the host "tmp", not /tmp/out
+    ("output_dir=file://", "output_dir"),  # no folder: the working directory
     ("gate.metric=f1", "gate.metric"),
     ("baselines.models=[gbt, gbt]", "baselines.models"),
     ("baselines.models=[xgboost]", "baselines.models"),

@@ -20,6 +20,8 @@ def test_paths_keep_their_scheme_and_local_ones_become_absolute(tmp_path, monkey
     assert storage.qualify("file://localhost/tmp/o") == storage.qualify("file:///tmp/o") == "/tmp/o"
     with pytest.raises(ValueError, match="names the host 'tmp'.*file:///absolute/path"):
         storage.qualify("file://tmp/out")
+    with pytest.raises(ValueError, match="names no folder"):
+        storage.qualify("file://")
     assert storage.qualify("file:///data/out") == "/data/out"
     assert storage.qualify("hdfs://nn:8020/out/") == "hdfs://nn:8020/out"
     assert storage.join("s3a://bucket/out", "runs", "r1/") == "s3a://bucket/out/runs/r1"
@@ -170,11 +172,12 @@ def test_a_lock_left_by_a_killed_process_on_this_host_is_taken_over(hdfs, spark)
     st.write_bytes(lock, json.dumps({"owner": "run killed", "host": socket.gethostname(), "pid": int(gone)}).encode())
     with st.lock(lock, owner="run next"):
         assert "run next" in st.read_bytes(lock).decode()
-    # A live holder on this host is not taken over.
+    # A live holder on this host is not taken over, not even with break_after_s (--break-lock).
     st.write_bytes(lock, json.dumps({"owner": "run alive", "host": socket.gethostname(), "pid": os.getpid()}).encode())
-    with pytest.raises(LockHeldError, match="run alive"):
-        with st.lock(lock, owner="run next"):
-            pass
+    for kw in ({}, {"break_after_s": 0}):
+        with pytest.raises(LockHeldError, match="run alive"):
+            with st.lock(lock, owner="run next", **kw):
+                pass
 
 
 def _pipeline(out, run_id, *extra):

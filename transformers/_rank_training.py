@@ -446,7 +446,7 @@ def train_rank(spec: RankSpec) -> dict:
                 t_ck = time.time()
                 _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
                                                "finished": finished, "stopping": stopping.state()},
-                            best_weights=None if finished else stopping.best_weights)
+                            best_weights=None if stop else stopping.best_weights)
                 checkpoint_s += time.time() - t_ck
         if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
             if fail_at.endswith(":exit"):

@@ -410,9 +410,10 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         resume = _read_checkpoint(folder) if folder else None
         if resume:
             _check_signature(folder, self.getOrDefault(self.runId), resume["signature"], signature)
-        if resume and (resume["finished"] or resume["completed_epochs"] >= self.getEpochs()):
-            ended = (f"stopped early after {resume['completed_epochs']} epochs" if
-                     (resume.get("stopping") or {}).get("stopped") else
+        stopped = bool((resume.get("stopping") or {}).get("stopped")) if resume else False
+        # A run that stopped early is finished; one that ran its epochs resumes if asked for more.
+        if resume and (stopped or resume["completed_epochs"] >= self.getEpochs()):
+            ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
                      f"completed {resume['completed_epochs']} epochs")
             print(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint",
                   flush=True)

@@ -32,8 +32,10 @@ def test_a_recreated_table_at_the_same_version_gets_a_new_checkpoint_key(spark, 
                         overrides=[f"output_dir={tmp_path}", "train.learning_rate=0.01"])
     assert checkpoint_key(other, same_rows) != new
     assert new.startswith("train-") and len(new) <= 32
-    # --force (a new generation of the run) trains afresh: it does not load the finished checkpoint.
-    assert checkpoint_key(cfg, same_rows, 1) == new + "-g1" and checkpoint_key(cfg, same_rows, 0) == new
+    # A forced run trains afresh: its folder is its own (run id and generation), not another's.
+    forced = {checkpoint_key(cfg, same_rows, f) for f in (("r1", 1), ("r2", 0), ("r2", 1))}
+    assert len(forced) == 3 and new not in forced and all(k.startswith(new + "-f") for k in forced)
+    assert checkpoint_key(cfg, same_rows, ("r1", 1)) == checkpoint_key(cfg, same_rows, ("r1", 1))
 
 
 @pytest.mark.parametrize("args, key", [(["--set", "train.learning_rate=.inf"], "train.learning_rate"),

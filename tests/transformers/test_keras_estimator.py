@@ -171,6 +171,10 @@ def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, mo
     # A finished run is not trained again.
     again = est.fit(cancer)
     assert again.trainingSummary["resumed_from_epoch"] == 4 and again.kerasBytes == model.kerasBytes
+    # Asking the finished run for more epochs trains on from its last one.
+    more = _estimator(epochs=6, runId="run-a", checkpointDir=str(tmp_path)).fit(cancer)
+    assert more.trainingSummary["resumed_from_epoch"] == 4
+    assert [h["epoch"] for h in more.trainingSummary["history"]] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.slow
