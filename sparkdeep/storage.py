@@ -265,8 +265,9 @@ class Storage:
                 if not self._create(fs, p, body):
                     raise LockHeldError(f"{path} is held by another process (it changed hands just now)") from None
             else:
-                gone = _holder_gone(held)
-                if _holder_alive_here(held):
+                here = _holder_here(held)
+                gone = here is False
+                if here is True:
                     raise LockHeldError(f"{path} is held by {held}, a process alive on this host: not taken "
                                         "over whatever break_after_s says") from None
                 if not gone and (break_after_s is None or age < break_after_s):
@@ -324,28 +325,16 @@ class Storage:
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def _holder_alive_here(held: str) -> bool:
-    """Whether a lock file's holder is a running process on this host (never taken over)."""
+def _holder_here(held: str) -> bool | None:
+    """For a lock file's holder on this host: True when its process is alive, False when it
+    is gone (a run killed before it could release); None for another host or unreadable."""
     try:
         info = json.loads(held)
         if info.get("host") != socket.gethostname():
-            return False
-        os.kill(int(info["pid"]), 0)
-    except (ValueError, KeyError, TypeError, AttributeError, OSError):
-        return False
-    return True
-
-
-def _holder_gone(held: str) -> bool:
-    """Whether a lock file's holder was a process on this host that no longer exists (a run
-    killed before it could release): such a lock is taken over at once."""
-    try:
-        info = json.loads(held)
-        if info.get("host") != socket.gethostname():
-            return False
+            return None
         os.kill(int(info["pid"]), 0)
     except ProcessLookupError:
-        return True
-    except (ValueError, KeyError, TypeError, AttributeError, OSError):
         return False
-    return False
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return None
+    return True
