@@ -31,9 +31,14 @@ def step(spark, cfg, paths, run) -> dict:
 
 def _step(spark, cfg, paths, run) -> dict:
     spec = cfg.dataset
+    # A spec is data, not code: its filter may only compute from the row (Spark's parser
+    # reads it, nothing runs), checked before the source is touched, and again against the
+    # source's columns (a bare name that is no column would be a session variable or a call).
+    ing.check_filter(spark, spec)
     ing.claim_output(paths, spec)
     record = ing.schema_record_path(paths.table(""), spec)
     source = ing.read_source(spark, spec, ing.read_recorded_schema(record))
+    ing.check_filter(spark, spec, source.df.columns)
     categorical, numeric, left_out = ing.resolve_features(spec, source)
     ok = F.col(ing.CORRUPT).isNull() if ing.CORRUPT in source.df.columns else F.lit(True)
     plan = ing.label_plan(spec, source, ok)
@@ -42,11 +47,19 @@ def _step(spark, cfg, paths, run) -> dict:
     # not in memory: a memory cache is built inside the key check's tasks and starved their
     # hash aggregation (10x rows with a 3g JVM failed with AGGREGATE_OUT_OF_MEMORY; on disk
     # it passes, and takes the same time at 1x: bench/RESULTS.md).
+    renamed = ing.internal_names(spec, categorical, numeric)
     classified = ing.classify_rows(spec, source, categorical, numeric, plan,
-                                   cfg.data.sample_fraction, cfg.seed).persist(StorageLevel.DISK_ONLY)
+                                   cfg.data.sample_fraction, cfg.seed, renamed).persist(StorageLevel.DISK_ONLY)
     try:
-        return _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, left_out, plan,
-                      classified)
+        report = _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, left_out, plan,
+                        classified)
+        report["renamed_columns"] = renamed
+        if renamed:
+            shown = ", ".join(f"{k!r} -> {v!r}" for k, v in list(renamed.items())[:5])
+            print(f"[ingest] {len(renamed)} column name(s) Delta or MLlib cannot take are stored under internal "
+                  f"names ({shown}{', ...' if len(renamed) > 5 else ''}); the saved model accepts either, and "
+                  "reports show the source names", flush=True)
+        return report
     finally:
         classified.unpersist()
 
@@ -56,7 +69,14 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     usable, rejected = ing.split_classified(classified, spec.key_column)
     if spec.key:
         ing.check_key_unique(usable, spec.key_column, spec)
-    counts = {r["reason"]: int(r["count"]) for r in classified.groupBy("reason").count().collect()}
+    # One aggregation: the rows by reason, and the usable rows by class (a label with one
+    # class stops the step here, before anything is written).
+    by_class = F.when(F.col("reason").isNull(), F.col(ing.LABEL)) if plan["task"] != "regression" else F.lit(None)
+    counts, class_counts = {}, {}
+    for r in classified.groupBy("reason", by_class.alias("_class")).count().collect():
+        counts[r["reason"]] = counts.get(r["reason"], 0) + int(r["count"])
+        if r["reason"] is None and r["_class"] is not None:
+            class_counts[r["_class"]] = int(r["count"])
     # The full source is counted on its own; a sample's input is the rows the sample kept.
     rows_in = source.df.count() if cfg.data.sample_fraction >= 1.0 else sum(counts.values())
     if not counts.get(None):  # checked before any write: a failed ingest leaves the output as it was
@@ -67,6 +87,9 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
             f"({spec.file}): {rows_in} rows read, {filtered} left out by the filter {spec.filter!r}, "
             f"rejected: {by_reason or 'none'}" + (f"; sample_fraction {cfg.data.sample_fraction} kept "
                                                  f"{sum(counts.values())}" if cfg.data.sample_fraction < 1 else ""))
+    ing.check_label_classes(spec, plan, class_counts,
+                            {k: v for k, v in counts.items() if k not in (None, "__filtered__")},
+                            counts.get("__filtered__", 0))
 
     out = run.write(usable, spec.table)
     rej = run.write(rejected.coalesce(1), spec.rejected_table)
@@ -102,8 +125,9 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
               f"value: {plan['class_0_values']}{more} (set label.negative to reject values in neither list)",
               flush=True)
     print(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
-          + (f"; left out {sorted(left_out)}" if left_out else "")
-          + (f"; new source columns ignored {source.new_columns}" if source.new_columns else ""), flush=True)
+          + (f"; left out {len(left_out)}: {ing._listed(sorted(left_out), 10)}" if left_out else "")
+          + (f"; new source columns ignored: {ing._listed(source.new_columns, 10)}" if source.new_columns else ""),
+          flush=True)
     return report
 
 

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import sys
 
-from sparkdeep import delta_io
+from sparkdeep import delta_io, names
 from sparkdeep.pipelines import prepare as prep
 
 from sparkdeep.jobs._common import main_for
+
+#: How many per-column lines the console shows (the report has them all).
+LISTED = 20
 
 
 def step(spark, cfg, paths, run) -> dict:
@@ -14,6 +17,7 @@ def step(spark, cfg, paths, run) -> dict:
     key = spec.key_column
     table = run.read(spark, spec.table)
     categorical, numeric = prep.feature_columns(table, key)
+    originals = names.originals(table.schema)  # {internal: source name} of renamed columns
     train, holdout = prep.split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
     # Before any write or fit: an empty split, or a column no stage can learn from, is named
     # here, not minutes later deep in a fit or in evaluate.
@@ -25,8 +29,10 @@ def step(spark, cfg, paths, run) -> dict:
                              f"data.sample_fraction {cfg.data.sample_fraction} too small for this table?) or "
                              "another holdout_fraction")
     categorical, numeric, left_out = prep.usable_features(profile, categorical, numeric, where=spec.file)
-    for c, why in left_out.items():
-        print(f"[prepare] left out {c!r}: {why}", flush=True)
+    for c, why in list(left_out.items())[:LISTED]:
+        print(f"[prepare] left out {names.display(c, originals)!r}: {why}", flush=True)
+    if len(left_out) > LISTED:
+        print(f"[prepare] ... and {len(left_out) - LISTED} more columns left out (all in the prepare report)", flush=True)
     if not categorical and not numeric:
         raise ValueError(f"no usable feature column in {spec.table!r}: every one is left out ({left_out})")
     train_ref = run.write(train, "train")
@@ -39,7 +45,8 @@ def step(spark, cfg, paths, run) -> dict:
         selector_top_fraction=cfg.prepare.selector_top_fraction,
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
-        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets)
+        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets,
+        originals=originals)
     model = pipeline.fit(train)
     run.save_model(model, "prepare")
     prepared = prep.prepared_training_data(model, train, key)
@@ -47,7 +54,7 @@ def step(spark, cfg, paths, run) -> dict:
     rows_train = profile["rows"] if prep.sampler_of(model) is None else None
     train.unpersist()
 
-    report = prep.prepare_report(model, rows_train)
+    report = prep.prepare_report(model, rows_train, originals)
     s = report["sampler"]
     report.update({
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
@@ -61,18 +68,21 @@ def step(spark, cfg, paths, run) -> dict:
     print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} {how}; holdout {report['rows_holdout']}",
           flush=True)
     for sel in report["selection"]:
-        names = sel["selected_names"]
+        kept = sel["selected_names"]
         print(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
-              f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})", flush=True)
+              f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''})", flush=True)
     report["encoding"] = cfg.prepare.encoding
-    report["left_out"] = left_out
+    report["left_out"] = {names.display(c, originals): why for c, why in left_out.items()}
     layout = prep.embedding_layout(model)
     if layout:
-        report["embedding_layout"] = layout
+        shown = names.display_all(layout["categorical"], originals)
+        report["embedding_layout"] = {**layout, "categorical": shown}
         bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
+        pairs = ", ".join(f"{c} {n}" for c, n in zip(shown[:LISTED], layout["cardinalities"][:LISTED]))
         print(f"[prepare] embeddings for {len(layout['categorical']) - bins} categorical columns and {bins} "
-              f"numbers' quantile bins; indices (values + 1 for unseen/null): " + ", ".join(f"{c} {n}" for c, n in zip(layout["categorical"],
-                                                                            layout["cardinalities"])), flush=True)
+              f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
+              + (f", ... ({len(shown) - LISTED} more, in the prepare report)" if len(shown) > LISTED else ""),
+              flush=True)
     if "pca_k" in report:
         total = report["pca_explained_variance_total"]
         print(f"[prepare] CenteredPCA k={report['pca_k']} explains {total} of the variance: "

@@ -40,7 +40,13 @@ def step(spark, cfg, paths, run) -> dict:
                 one = predictions_frame(bl.model_frame(scored, b, spec.task), b, key=spec.key_column,
                                         task=spec.task, classes=classes)
                 frame = one if frame is None else frame.unionByName(one)
-        ref = run.write(frame, table)
+        if spec.key and spec.key != spec.key_column:
+            # The key under the source's name, as the user knows it (Delta takes it with
+            # column mapping); the tables above keep the internal name.
+            frame = frame.withColumnRenamed(spec.key_column, spec.key)
+            ref = run.write(frame, table, column_mapping=True)
+        else:
+            ref = run.write(frame, table)
         scored.unpersist()
         out["tables"][table] = ref.as_dict()
         out[f"rows_out_{table}"] = delta_io.read(spark, ref.path, ref.version).count()

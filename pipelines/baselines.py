@@ -60,7 +60,8 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
     if not indexers and not imputers:
         raise ValueError("the prepare pipeline has neither a StringIndexer nor an Imputer: no full-feature "
                          "baseline can be built")
-    front = list(indexers) + list(imputers)
+    from sparkdeep.transformers.columns import ColumnRenamer
+    front = [s for s in prepare_model.stages if isinstance(s, ColumnRenamer)] + list(indexers) + list(imputers)
     idx = [c for s in indexers for c in s.getOutputCols()]
     ohe = [f"{c}__ohe" for c in idx]
     if idx:

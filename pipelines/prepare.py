@@ -15,6 +15,8 @@ from pyspark.ml.feature import (Bucketizer, Imputer, OneHotEncoder, QuantileDisc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sparkdeep import names
+from sparkdeep.transformers.columns import ColumnRenamer
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, hash_uniform
 from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
@@ -80,10 +82,15 @@ NUMERIC = "numeric_scaled"
 def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majority_ratio: float,
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
                            pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
-                           pca: bool = True, numeric_buckets: int = 0) -> Pipeline:
+                           pca: bool = True, numeric_buckets: int = 0,
+                           originals: dict[str, str] | None = None) -> Pipeline:
     """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``.
     ``majority_ratio=0`` keeps every row (no class-balance sampler). The sampler decides membership by the row ``key`` alone, so a column added to the source
     later does not change the sample.
+
+    ``originals`` (``{internal name: source name}``, :func:`sparkdeep.names.originals` of the
+    table) starts the pipeline with a :class:`ColumnRenamer`, so the fitted model also scores
+    rows under the source's column names.
 
     ``encoding='onehot'``: categories one-hot, assembled with the imputed numbers, the
     selectors on the whole vector, then PCA (``pca``) or standardisation: ``features`` is
@@ -108,6 +115,10 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     imp = [f"{c}__imp" for c in numeric]
     classify = task != "regression"
     stages = []
+    if originals:
+        # First stage: rows a user brings under the source's names are renamed to the
+        # internal ones (sparkdeep.names); the ingested tables pass through.
+        stages.append(ColumnRenamer(originals=list(originals.values()), internals=list(originals)))
     if classify and majority_ratio:  # 0: no rebalancing, every row with weight 1
         stages.append(ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio,
                                           seed=seed, keyCols=[key]))
@@ -216,9 +227,11 @@ def split_train_holdout(table: DataFrame, holdout_fraction: float, seed: int,
     return table.where(u >= holdout_fraction), table.where(u < holdout_fraction)
 
 
-def prepare_report(model: PipelineModel, rows_train: int | None = None) -> dict:
-    """What the reduction did: class counts, features kept by each selector (by name),
-    PCA's explained variance."""
+def prepare_report(model: PipelineModel, rows_train: int | None = None,
+                   originals: dict[str, str] | None = None) -> dict:
+    """What the reduction did: class counts, features kept by each selector (by name, the
+    source's names where ingest renamed a column: ``originals``), PCA's explained variance."""
+    originals = originals or {}
     sampler = sampler_of(model)
     summary = sampler.summary if sampler is not None else {
         "stage": None, "rows_in": rows_train, "rows_out": rows_train, "note": "not rebalanced (regression, or prepare.majority_ratio 0)"}
@@ -227,7 +240,8 @@ def prepare_report(model: PipelineModel, rows_train: int | None = None) -> dict:
         if isinstance(stage, SelectorModel):
             summary = stage.summary
             scores = stage.featureScores
-            summary["scores"] = {n: scores[n] for n in summary["selected_names"]}
+            summary["scores"] = {names.display(n, originals): scores[n] for n in summary["selected_names"]}
+            summary["selected_names"] = names.display_all(summary["selected_names"], originals)
             out["selection"].append(summary)
         if isinstance(stage, CenteredPCAModel):
             out["pca"] = stage.summary

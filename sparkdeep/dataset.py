@@ -18,7 +18,8 @@ data set. Keys::
     label:
       column: price
       task: regression             # binary | multiclass | regression
-      positive: []                 # binary: the value(s) that are class 1
+      positive: []                 # binary: the value(s) that are class 1 (quote Yes/No/on/off:
+                                   #   unquoted they are YAML booleans, read as true/false)
       negative: []                 # binary with positive: the class-0 value(s); any other value is
                                    #   rejected (empty: every other value is class 0, listed in the report)
       threshold: null              # binary: a number; column >= threshold is class 1
@@ -28,7 +29,9 @@ data set. Keys::
       numeric: null                # null = every numeric column (inferred)
       exclude: []                  # leaking or useless columns, never features
       max_categories: 1000         # inferred string columns with more distinct values are left out
-    filter: ""                     # a SQL condition; rows failing it are counted, not ingested
+    filter: ""                     # a SQL condition; rows failing it are counted, not ingested.
+                                   #   Data, not code: plain SQL and pure Spark builtins only
+                                   #   (pipelines/ingest.py check_filter)
 
 Errors are :class:`~sparkdeep.config.ConfigError` naming the key and the file. The spec is
 checked again against the real source at ingest (see ``pipelines/ingest.py``).
@@ -121,7 +124,9 @@ class DatasetSpec:
 
     @property
     def key_column(self) -> str:
-        return self.key or DERIVED_KEY
+        """The key's column in every table below ingest: its internal name (``sparkdeep.names``)."""
+        from sparkdeep.names import internal_name
+        return internal_name(self.key) if self.key else DERIVED_KEY
 
     @property
     def table(self) -> str:

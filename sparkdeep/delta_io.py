@@ -43,12 +43,17 @@ def version_of(spark: SparkSession, path: str) -> int:
 
 
 def write(df: DataFrame, path: str, *, mode: str = "overwrite",
-          txn: tuple[str, int] | None = None, partition_by: tuple[str, ...] = ()) -> TableRef:
+          txn: tuple[str, int] | None = None, partition_by: tuple[str, ...] = (),
+          column_mapping: bool = False) -> TableRef:
     """Write ``df`` to the Delta table at ``path`` and return the version now current.
 
     ``txn=(app_id, version)``: Delta commits at most once per pair, so a retry is a no-op.
+    ``column_mapping``: Delta's column mapping by name, for column names Delta refuses
+    otherwise (space, ``,;{}()=``); readers need Delta reader version 2.
     """
     writer = df.write.format("delta").mode(mode)
+    if column_mapping:
+        writer = writer.option("delta.columnMapping.mode", "name")
     if mode == "overwrite":
         writer = writer.option("overwriteSchema", "true")
     if txn is not None:

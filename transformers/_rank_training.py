@@ -34,8 +34,14 @@ FAIL_AT_EPOCH_ENV = "SPARKDEEP_TEST_FAIL_AT_EPOCH"
 
 
 def keras_from_bytes(data: bytes):
-    """Load a ``.keras`` archive in safe mode (refuses embedded Python code)."""
+    """Load a ``.keras`` archive in safe mode (refuses embedded Python code).
+
+    Safe mode imports no module an archive names outside Keras: a custom layer loads only
+    if registered, so sparkdeep's own layers are imported first (here, which every load,
+    a fresh Horovod rank's included, goes through)."""
     import keras
+
+    from . import _keras_layers  # noqa: F401 - registers sparkdeep>ColumnEmbeddings
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as fh:

@@ -72,17 +72,18 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
              normalization: str, embedding_cap: int, name: str):
     """The shared body: the input vector is ``[numeric_dim standardised numbers, one category
     index per categorical column]`` (the prepare pipeline's embedding layout). Each index
-    column goes through its own ``Embedding`` (index ``cardinality - 1`` is the unseen/null
-    bucket StringIndexer's ``handleInvalid='keep'`` gives; its vector starts at zero),
-    concatenated with the numbers,
-    then Dense -> normalisation -> ReLU -> dropout per hidden layer. Only built-in layers
-    and ops: the saved ``.keras`` file loads in Keras safe mode.
+    column gets its own ``embedding_dim(cardinality, embedding_cap)``-wide embedding (index
+    ``cardinality - 1`` is the unseen/null bucket StringIndexer's ``handleInvalid='keep'``
+    gives; its vector starts at zero), all held by one
+    :class:`~sparkdeep.transformers._keras_layers.ColumnEmbeddings` layer, concatenated
+    with the numbers, then Dense -> normalisation -> ReLU -> dropout per hidden layer.
+    Built-in layers, ops and that registered layer only: the saved ``.keras`` file loads in
+    Keras safe mode (:func:`~sparkdeep.transformers._rank_training.keras_from_bytes`).
 
     Layer normalisation by default: batch normalisation keeps running statistics that
     each Horovod rank would update from its own shard only (no all-reduce), so the
     replicas would end different; layer normalisation has no such state."""
     import keras
-    from keras import ops
 
     numeric_dim, cards = int(numeric_dim), [int(c) for c in cardinalities or ()]
     if numeric_dim < 0 or numeric_dim + len(cards) != int(input_dim):
@@ -93,21 +94,22 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
                          f"bucket), got {cards}")
     if normalization not in ("batch", "layer", "none"):
         raise ValueError(f"normalization must be batch, layer or none, got {normalization!r}")
+    from ._keras_layers import ColumnEmbeddings
+
     inputs = keras.Input(shape=(int(input_dim),), name="features")
     parts = []
     if numeric_dim:
         parts.append(inputs[:, :numeric_dim])
-    for i, card in enumerate(cards):
-        # Indices arrive as floats; clip guards a bad index the way the bucket does an unseen value.
-        idx = ops.cast(ops.clip(inputs[:, numeric_dim + i], 0, card - 1), "int32")
-        layer = keras.layers.Embedding(card, embedding_dim(card, embedding_cap), name=f"embedding_{i}")
-        parts.append(layer(idx))
-        # The unseen/null bucket starts at zero, the centre of the other rows' initial values.
-        # It is trained only where training rows are null; otherwise it gets no gradient and
-        # an unseen value scores as a neutral category instead of a random one.
-        table = keras.ops.convert_to_numpy(layer.embeddings)
-        table[-1] = 0.0
-        layer.embeddings.assign(table)
+    if cards:
+        # One layer for all the index columns, one shared table per embedding width (not one
+        # Embedding per column: thousands of layers build, save and load slowly). Indices
+        # arrive as floats; each is clipped to its column's range, which guards a bad index
+        # the way the bucket does an unseen value. Each column's unseen/null bucket starts at
+        # zero, the centre of the other rows' initial values. It is trained only where
+        # training rows are null; otherwise it gets no gradient and an unseen value scores
+        # as a neutral category instead of a random one.
+        dims = [embedding_dim(card, embedding_cap) for card in cards]
+        parts.append(ColumnEmbeddings(cards, dims, name="embeddings")(inputs[:, numeric_dim:]))
     x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="numeric_and_embeddings")(parts)
     for i, units in enumerate(hidden_units):
         x = keras.layers.Dense(int(units), use_bias=normalization == "none", name=f"dense_{i}")(x)

@@ -279,8 +279,82 @@ def test_a_binary_label_without_a_rule_must_be_zero_one(spark, tmp_path):
     spark.createDataFrame(pdf).write.parquet(src)
     spec = write_spec(tmp_path, "b", {"source": {"format": "parquet", "path": src},
                                       "label": {"column": "churned", "task": "binary"}})
-    with pytest.raises(SourceError, match=r"binary label column 'churned' holds values other than 0/1 .*label.positive"):
+    with pytest.raises(SourceError, match=r"binary label column 'churned' holds no 0/1 value \(e.g. '(yes|no)' "
+                                          r"\(\d+ rows\), '(yes|no)' \(\d+ rows\)\): set label.positive"):
         run_ingest(spark, config(spec, tmp_path / "out"))
+
+
+def test_a_zero_one_label_with_a_few_other_values_rejects_those_rows(spark, tmp_path):
+    """More odd values than the old 3-value sample looked at: each such row is rejected with its
+    value, the 0/1 rows are ingested; the decision counts every row."""
+    pdf = table(40)
+    pdf["y"] = (pdf["x1"] > 0).astype(int).astype(str)
+    pdf.loc[[0, 1], "y"] = "2"
+    pdf.loc[2, "y"] = "maybe"
+    pdf.loc[3, "y"] = "-1"
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    spec = write_spec(tmp_path, "z", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                      "label": {"column": "y", "task": "binary"},
+                                      "features": {"exclude": ["churned", "band", "amount"]}})
+    report = run_ingest(spark, config(spec, tmp_path / "out"))
+    assert report["rows_usable"] == 36 and report["rows_rejected"] == 4 and report["accounted"]
+    assert report["rejected_by_reason"] == {"label 'y' value '2' is not 0/1": 2, "label 'y' value 'maybe' is not 0/1": 1,
+                                            "label 'y' value '-1' is not 0/1": 1}
+    assert report["positives"] == int((pdf["y"] == "1").sum())
+
+
+@pytest.mark.parametrize("label, filter_, match", [
+    ({"column": "amount", "task": "binary", "threshold": 1e9}, "",
+     r"label 'amount': every usable row is class 0 \('amount' >= 1000000000.0\): 30 rows, none of class 1; "
+     r"a binary label needs both"),
+    ({"column": "churned", "task": "binary", "positive": ["yes"]}, "churned = 'yes'",
+     r"label 'churned': every usable row is class 1 \('churned' in \['yes'\]; every other value 0\): \d+ rows, none "
+     r"of class 0; .*left out by the filter: \d+\)"),
+    ({"column": "band", "task": "multiclass", "classes": ["low", "mid", "high"]}, "band = 'mid'",
+     r"label 'band': every usable row is class 'mid': \d+ rows, none of \['low', 'high'\]; a multiclass label needs"),
+])
+def test_a_label_with_one_class_in_the_usable_rows_stops_before_writing(spark, tmp_path, label, filter_, match):
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(30)).write.parquet(src)
+    spec = write_spec(tmp_path, "one", {"source": {"format": "parquet", "path": src}, "key": "id", "label": label,
+                                        "features": {"exclude": ["x2"]}, "filter": filter_})
+    with pytest.raises(SourceError, match=match) as err:
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert spec in str(err.value)
+    assert not os.path.exists(tmp_path / "out" / "tables" / "one")
+
+
+def test_a_positive_or_negative_value_matching_no_row_is_named_with_the_yaml_hint(spark, tmp_path):
+    """``positive: [Yes]`` unquoted is YAML's boolean true, which the spec reads as 'true': it used to
+    ingest with no positives at all."""
+    pdf = table(30)
+    pdf["churned"] = np.where(pdf["churned"] == "yes", "Yes", "No")
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    body = {"source": {"format": "parquet", "path": src}, "key": "id",
+            "label": {"column": "churned", "task": "binary", "positive": ["PLACEHOLDER"]},
+            "features": {"exclude": ["band", "amount"]}}
+    spec = write_spec(tmp_path, "y", body)
+    with open(spec) as fh:
+        text = fh.read()
+    assert "PLACEHOLDER" in text
+    with open(spec, "w") as fh:
+        fh.write(text.replace("PLACEHOLDER", "Yes"))   # unquoted, as a user writes it
+    assert load_spec(spec).label.positive == ("true",)
+    with pytest.raises(SourceError, match=r"key 'label.positive': 'true' matches no row of the label column 'churned' "
+                                          r"\(most common values: .*'Yes'.*\); YAML read the unquoted Yes as a "
+                                          r"boolean; quote it: positive: \['Yes'\]"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "tables")
+    typo = write_spec(tmp_path, "t", {**body, "label": {"column": "churned", "task": "binary", "positive": ["Yes"],
+                                                        "negative": ["Np"]}})
+    with pytest.raises(SourceError, match=r"key 'label.negative': 'Np' matches no row of the label column 'churned' "
+                                          r"\(most common values: '(Yes|No)' \(\d+\), '(Yes|No)' \(\d+\)\)$"):
+        run_ingest(spark, config(typo, tmp_path / "out_t"))
+    quoted = write_spec(tmp_path, "q", {**body, "label": {"column": "churned", "task": "binary", "positive": ["Yes"]}})
+    report = run_ingest(spark, config(quoted, tmp_path / "out_q"))
+    assert report["positives"] == int((pdf["churned"] == "Yes").sum()) > 0
 
 
 def test_positive_values_list_what_became_class_0_and_negative_rejects_the_rest(spark, tmp_path):
@@ -320,9 +394,9 @@ def test_a_filter_leaving_no_rows_fails_before_writing(spark, tmp_path):
     ("myId INT, x DOUBLE, y DOUBLE", "myid", "y", {},
      r"key 'key': 'myid' is not a column of the source; did you mean 'myId'"),
     ("id INT, x DOUBLE, y DOUBLE", "id", "yy", {}, r"key 'label.column': 'yy' is not a column of the source \(columns: id, x, y\)"),
-    ("id INT, `x.one` DOUBLE, y DOUBLE", "id", "y", {},
-     r"source column 'x.one' \(feature\) has the character\(s\) \['.'\].*or add it to features.exclude"),
-    ("`my id` INT, x DOUBLE, y DOUBLE", "my id", "y", {}, r"source column 'my id' \(key\) has the character\(s\) \[' '\]"),
+    ("id INT, `x.one` DOUBLE, x_one DOUBLE, y DOUBLE", "id", "y", {},
+     r"source columns 'x.one' and 'x_one' .*n.yaml\) both become the internal name 'x_one'"),
+    ("`my id` INT, My_id DOUBLE, y DOUBLE", "my id", "y", {}, r"source columns 'my id' and 'My_id' .* both become"),
     ("id INT, x DOUBLE, X DOUBLE, y DOUBLE", "id", "y", {}, r"columns 'x' and 'X' \(declared in the schema of .*n.yaml\) differ only in case"),
     ("id INT, y DUBBLE,, x", "id", "y", {}, r"key 'schema': not a valid DDL schema \('id INT, y DUBBLE,, x'\): \S+"),
     ("id INT, x DOUBLE, y DOUBLE", "id", "y", {"filter": "x >> AND ("},
@@ -342,6 +416,96 @@ def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path
     with pytest.raises(SourceError, match=match):
         run_ingest(spark, config(spec, tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out" / "tables")
+
+
+# -- the filter is data, not code ------------------------------------------------------------------
+
+@pytest.fixture
+def session_udfs(spark):
+    """A UDF under a name of its own and one under a builtin's name (soundex), restored after."""
+    jvm, registry = spark._jvm, spark._jsparkSession.sessionState().functionRegistry()
+    fid = jvm.org.apache.spark.sql.catalyst.FunctionIdentifier.apply("soundex")
+    builtin = jvm.org.apache.spark.sql.catalyst.analysis.FunctionRegistry.builtin()
+    spark.udf.register("sparkdeep_test_udf", lambda s: "x", "string")
+    spark.udf.register("soundex", lambda s: "x", "string")
+    yield
+    registry.registerFunction(fid, builtin.lookupFunction(fid).get(), builtin.lookupFunctionBuilder(fid).get())
+    spark.sql("DROP TEMPORARY FUNCTION IF EXISTS sparkdeep_test_udf")
+    assert spark.sql("SELECT soundex('Robert')").first()[0] == "R163"
+
+
+@pytest.mark.parametrize("filter_, match", [
+    ("reflect('java.lang.System', 'getProperty', 'user.home') = '/root'", r"calls reflect\(\): it calls a Java method"),
+    ("java_method('java.lang.System', 'exit', 7) IS NULL", r"calls java_method\(\): it calls a Java method"),
+    ("try_reflect('java.lang.System', 'exit', 7) IS NULL", r"calls try_reflect\(\): it calls a Java method"),
+    ("x1 > 0 AND upper(REFLECT('java.lang.System', 'getenv', 'HOME')) <> ''", r"calls REFLECT\(\): it calls a Java"),
+    ("sparkdeep_test_udf(colour) = 'x'", r"calls sparkdeep_test_udf\(\): not a Spark builtin function \(a UDF"),
+    ("no_such_function(colour) = 'x'", r"calls no_such_function\(\): not a Spark builtin function"),
+    ("soundex(colour) = 'x'", r"calls soundex\(\): a function registered in this session under a builtin's name"),
+    ("default.fn(colour) = 'x'", r"calls default.fn\(\): a qualified name"),
+    ("identifier('java_method')('java.lang.System', 'exit', 7) IS NULL", r"holds IDENTIFIER\(\)"),
+    ("id IN (SELECT id FROM other)", r"holds a subquery \(IN \(SELECT \.\.\.\)\)"),
+    ("EXISTS (SELECT 1 FROM other WHERE other.id = id)", r"holds a subquery \(EXISTS\)"),
+    ("x1 > (SELECT max(x1) FROM other)", r"holds a subquery \(SELECT\)"),
+    ("input_file_name() LIKE '%part-0%'", r"calls input_file_name\(\): it depends on the files' layout"),
+    ("rand() < 0.5", r"calls rand\(\): it is random"),
+    ("current_user = 'me'", r"calls current_user\(\): it reads the session"),
+    ("max(x1) OVER () > 1", r"holds a window \(OVER\)"),
+    ("sum(x1) > 1", r"calls sum\(\): it is an aggregate"),
+])
+def test_a_filter_that_reaches_beyond_the_row_is_refused_before_spark_runs_it(spark, tmp_path, session_udfs,
+                                                                              filter_, match):
+    """A spec is data: its filter may compute from the row and nothing else. Nothing is
+    read or written, no Spark job runs, and the JVM is still there (java_method's
+    System.exit(7) used to kill it mid-ingest)."""
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(table(20)).write.parquet(src)
+    spec = write_spec(tmp_path, "fx", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                       "label": {"column": "amount", "task": "regression"}, "filter": filter_})
+    sc, group = spark.sparkContext, f"filter-check-{tmp_path.name}"
+    sc.setJobGroup(group, "the refused filter's ingest")
+    try:
+        with pytest.raises(SourceError, match=rf"dataset spec '{spec}', key 'filter': .*{match}") as err:
+            run_ingest(spark, config(spec, tmp_path / "out"))
+        jobs = sc.statusTracker().getJobIdsForGroup(group)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    assert "before reading any row" in str(err.value)
+    assert not os.path.exists(tmp_path / "out" / "tables")
+    if filter_ != "current_user = 'me'":  # a bare name is a call only when no column has it: known after the read
+        assert jobs == [], f"Spark ran {len(jobs)} job(s) before refusing the filter"
+    assert spark.range(5).count() == 5  # the JVM lives
+
+
+def test_a_filter_of_plain_builtins_still_selects_rows(spark, tmp_path):
+    pdf = table(200)
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    cond = ("lower(colour) = 'red' AND abs(x1) > 0.2 AND coalesce(count, 0) < 40 AND colour LIKE 'r%' "
+            "AND CAST(count AS DOUBLE) BETWEEN 0 AND 100 AND (x2 IS NOT NULL OR x1 IN (1, 2)) "
+            "AND CASE WHEN x2 > 0 THEN true ELSE round(x2, 1) <= 0 END AND exists(array(x1, x2), v -> v < 10)")
+    spec = write_spec(tmp_path, "ok", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                       "label": {"column": "amount", "task": "regression"}, "filter": cond})
+    report = run_ingest(spark, config(spec, tmp_path / "out"))
+    kept = int(((pdf["colour"] == "red") & (pdf["x1"].abs() > 0.2) & (pdf["count"] < 40)).sum())
+    assert report["rows_usable"] == kept > 0 and report["rows_filtered"] == 200 - kept
+
+
+def test_the_filter_allow_list_names_only_spark_builtins(spark):
+    """Every name on the list is a Spark builtin (a misspelt entry would allow nothing, or a UDF
+    of that name), and none of the functions that reach the JVM, files or the session is on it."""
+    from sparkdeep.pipelines.ingest import FILTER_FUNCTIONS
+    jvm = spark._jvm
+    builtin = jvm.org.apache.spark.sql.catalyst.analysis.FunctionRegistry.builtin()
+    fid = jvm.org.apache.spark.sql.catalyst.FunctionIdentifier
+    assert [n for n in sorted(FILTER_FUNCTIONS) if not builtin.lookupFunction(fid.apply(n)).isDefined()] == []
+    groups = {n: str(builtin.lookupFunction(fid.apply(n)).get().getGroup()) for n in FILTER_FUNCTIONS}
+    assert not {n for n, g in groups.items() if g in ("agg_funcs", "window_funcs", "generator_funcs")}
+    assert not FILTER_FUNCTIONS & {"reflect", "java_method", "try_reflect", "from_protobuf", "to_protobuf",
+                                   "from_avro", "to_avro", "input_file_name", "current_user", "user", "session_user",
+                                   "current_database", "current_catalog", "version", "rand", "uuid", "raise_error",
+                                   "spark_partition_id", "monotonically_increasing_id", "xpath", "from_xml"}
 
 
 @pytest.mark.parametrize("column", ["numeric", "numeric_scaled", "x__bin", "gbt__probability", "Numeric",

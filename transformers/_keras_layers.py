@@ -1,0 +1,120 @@
+"""sparkdeep's own Keras layers, registered under the ``sparkdeep`` package.
+
+Keras safe mode (what :func:`._rank_training.keras_from_bytes` loads with) never imports
+a module named in a ``.keras`` archive outside Keras itself: a custom class loads only if
+it is already registered, i.e. this module has been imported. ``keras_from_bytes`` imports
+it before every load, so drivers, executors and fresh Horovod ranks all know these layers,
+and an archive still cannot name (and so import) anything else.
+
+This module imports Keras at import time; the builders in :mod:`.keras_models` import it
+only when they build a network, so the driver's imports stay free of Keras.
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+# Keras' Embedding default ("uniform"): U(-0.05, 0.05).
+_INIT_RANGE = 0.05
+
+
+@keras.saving.register_keras_serializable(package="sparkdeep")
+class ColumnEmbeddings(keras.layers.Layer):
+    """One learned embedding per categorical column, stored in a few shared tables.
+
+    The input is ``(batch, n_columns)`` category indices (floats or ints), column ``i``
+    taking values in ``0..cardinalities[i] - 1``; the output is ``(batch, sum(dims))``,
+    column ``i``'s ``dims[i]``-wide vector after column ``i - 1``'s: exactly what one
+    ``Embedding(cardinalities[i], dims[i])`` per column, concatenated, gives, without
+    thousands of layers. Columns of the same width share one table (``table_w<width>``):
+    column ``i``'s rows start at its offset in that table, so the layer holds one weight
+    per distinct width (a few dozen at most) whatever the column count.
+
+    An index is clipped to ``[0, cardinality - 1]`` of its column (a corrupt value lands
+    in the last row, the unseen/null bucket, instead of another column's rows). The
+    unseen/null row of every column starts at zero, the others as Keras' ``Embedding``
+    does, U(-0.05, 0.05).
+
+    The config holds only the two lists of ints, so the layer saves to ``.keras`` and
+    loads back in safe mode (once this module is imported).
+    """
+
+    def __init__(self, cardinalities, dims, **kwargs):
+        super().__init__(**kwargs)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.dims = [int(d) for d in dims]
+        if len(self.cardinalities) != len(self.dims) or not self.cardinalities:
+            raise ValueError(f"ColumnEmbeddings needs one width per column and at least one column, got "
+                             f"{len(self.cardinalities)} cardinalities and {len(self.dims)} widths")
+        if any(c < 1 for c in self.cardinalities) or any(d < 1 for d in self.dims):
+            raise ValueError("ColumnEmbeddings needs cardinalities and widths >= 1")
+        # Indices are read before any cast (float32 index inputs stay float32 under mixed precision).
+        self.autocast = False
+        cards = np.asarray(self.cardinalities, dtype="int64")
+        dims_ = np.asarray(self.dims, dtype="int64")
+        self._top = (cards - 1).astype("float32")
+        self._top_int = (cards - 1).astype("int32")
+        offsets = np.zeros(len(cards), dtype="int64")
+        #: (width, columns of that width in column order, rows of its table)
+        self._groups = []
+        for width in sorted(set(self.dims)):
+            cols = np.flatnonzero(dims_ == width)
+            offsets[cols] = np.concatenate([[0], np.cumsum(cards[cols])[:-1]])
+            self._groups.append((int(width), cols.astype("int32"), int(cards[cols].sum())))
+        if int(max(g[2] for g in self._groups)) >= 2 ** 31:
+            raise ValueError("ColumnEmbeddings: a table would need more than 2^31 rows")
+        self._offsets = offsets.astype("int32")
+        # The tables' outputs come grouped by width; this puts them back in column order.
+        grouped_start = np.zeros(len(cards), dtype="int64")
+        at = 0
+        for width, cols, _ in self._groups:
+            grouped_start[cols] = at + np.arange(len(cols)) * width
+            at += len(cols) * width
+        self._order = np.concatenate(
+            [grouped_start[i] + np.arange(d) for i, d in enumerate(self.dims)]).astype("int32")
+        self._identity_order = bool(np.array_equal(self._order, np.arange(len(self._order))))
+        self.tables = []
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        cards = np.asarray(self.cardinalities, dtype="int64")
+        for width, cols, rows in self._groups:
+            table = self.add_weight(shape=(rows, width), name=f"table_w{width}", trainable=True,
+                                    initializer=keras.initializers.RandomUniform(-_INIT_RANGE, _INIT_RANGE))
+            # Each column's last row (offset + cardinality - 1) is its unseen/null bucket: zero.
+            keep = np.ones((rows, 1), dtype="float32")
+            keep[self._offsets[cols] + cards[cols] - 1] = 0.0
+            table.assign(ops.multiply(table, ops.convert_to_tensor(keep, dtype=table.dtype)))
+            self.tables.append(table)
+        self.built = True
+
+    def call(self, indices):
+        x = ops.cast(indices, "float32")
+        x = ops.minimum(ops.maximum(x, 0.0), ops.convert_to_tensor(self._top))
+        idx = ops.cast(x, "int32")
+        # Again in integers: a NaN index casts to an arbitrary integer.
+        idx = ops.minimum(ops.maximum(idx, 0), ops.convert_to_tensor(self._top_int))
+        idx = ops.add(idx, ops.convert_to_tensor(self._offsets))
+        parts = []
+        for (width, cols, _), table in zip(self._groups, self.tables):
+            sub = idx if len(cols) == len(self.dims) else ops.take(idx, ops.convert_to_tensor(cols), axis=1)
+            vectors = ops.take(table, sub, axis=0)  # (batch, columns of this width, width)
+            parts.append(ops.reshape(vectors, (-1, len(cols) * width)))
+        out = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+        if not self._identity_order:
+            out = ops.take(out, ops.convert_to_tensor(self._order), axis=1)
+        return ops.cast(out, self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], int(sum(self.dims)))
+
+    def get_config(self):
+        return {**super().get_config(), "cardinalities": list(self.cardinalities), "dims": list(self.dims)}
+
+    def column_table(self, i: int):
+        """``(table index, first row)`` of column ``i``'s rows (for inspection and tests)."""
+        width = self.dims[i]
+        g = next(k for k, (w, _, _) in enumerate(self._groups) if w == width)
+        return g, int(self._offsets[i])
