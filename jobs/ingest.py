@@ -117,7 +117,7 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
         "sample_fraction": cfg.data.sample_fraction,
     })
     print(f"[ingest] {spec.name}: {report['rows_in']} rows read: {report['rows_usable']} usable, "
-          f"{report['rows_rejected']} rejected {report['rejected_by_reason']}, "
+          f"{report['rows_rejected']} rejected {_top(report['rejected_by_reason'])}, "
           f"{report['rows_filtered']} left out by the filter", flush=True)
     if plan.get("class_0_values"):
         more = "" if plan["class_0_values_listed_all"] else ", ..."
@@ -129,6 +129,15 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
           + (f"; new source columns ignored: {ing._listed(source.new_columns, 10)}" if source.new_columns else ""),
           flush=True)
     return report
+
+
+def _top(counts: dict, at_most: int = 10) -> str:
+    """The ``at_most`` largest counts (a wide table can reject rows for thousands of reasons:
+    one per column; the report has them all)."""
+    if len(counts) <= at_most:
+        return str(counts)
+    top = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:at_most])
+    return f"{top} and {len(counts) - at_most} more reasons (in the ingest report)"
 
 
 main = main_for("ingest", __doc__, step)

@@ -285,7 +285,7 @@ def label_plan(spec: DatasetSpec, source: Source, ok: Column) -> dict:
     """How the label column becomes ``label``: for binary the rule, for multiclass the
     classes in order (declared, else the sorted distinct values of the rows ``ok`` keeps)."""
     lab = spec.label
-    col = F.col(f"`{lab.column}`")
+    col = F.col(names.quoted(lab.column))
     t = source.declared[lab.column].dataType
     numeric = isinstance(t, _NUMERIC)
     if lab.task == "regression":
@@ -422,7 +422,7 @@ def _finite_or_text(col: Column, numeric: bool) -> Column:
 def label_column(spec: DatasetSpec, plan: dict, dtype: T.DataType) -> tuple[Column, Column]:
     """(the ``label`` value, a reason when the row's label is unusable or null)."""
     lab = spec.label
-    col = F.col(f"`{lab.column}`")
+    col = F.col(names.quoted(lab.column))
     reason = F.when(col.isNull(), F.lit(f"label {lab.column!r} is null"))
     if plan["task"] == "multiclass":
         classes = plan["classes"]

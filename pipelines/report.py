@@ -429,6 +429,48 @@ def ablation_html(data: dict) -> str:
             + "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols) + f"</tr>{body}</table>")
 
 
+#: How many names a list in the report shows (the step reports hold them all).
+LISTED = 20
+
+
+def _names(items, at_most: int = LISTED) -> str:
+    items = list(items)
+    shown = ", ".join(html.escape(str(n)) for n in items[:at_most])
+    return shown + (f", &hellip; ({len(items) - at_most:,} more)" if len(items) > at_most else "")
+
+
+def features_html(reports: dict[str, dict]) -> str:
+    """The features section: counts and at most :data:`LISTED` names per list, by the
+    source's names, so it reads the same at 20 columns and at 10,000."""
+    ing = reports.get("ingest") or {}
+    prep = reports.get("prepare") or {}
+    feats = ing.get("features") or {}
+    rows = []
+    if feats:
+        rows.append(("ingested", f"{len(feats.get('categorical', [])):,} categorical, "
+                                 f"{len(feats.get('numeric', [])):,} numeric"))
+        if feats.get("left_out"):
+            rows.append((f"left out at ingest ({len(feats['left_out']):,})", _names(sorted(feats["left_out"]))))
+    renamed = ing.get("renamed_columns") or {}
+    if renamed:
+        rows.append((f"stored under internal names ({len(renamed):,})",
+                     _names(f"{k} \u2192 {v}" for k, v in renamed.items())))
+    if prep.get("left_out"):
+        rows.append((f"left out by prepare ({len(prep['left_out']):,})", _names(sorted(prep["left_out"]))))
+    for sel in prep.get("selection") or []:
+        scores = sel.get("scores") or {}
+        best = sorted(scores, key=lambda n: -abs(scores[n]) if scores[n] == scores[n] else 0)
+        rows.append((f"{sel['stage']}: {sel.get('selected', len(best)):,} of {sel.get('input_features', '?'):,} kept",
+                     "best first: " + _names(best)))
+    layout = prep.get("embedding_layout") or {}
+    if layout.get("categorical"):
+        rows.append((f"embedded columns ({len(layout['categorical']):,})", _names(layout["categorical"])))
+    if not rows:
+        return ""
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+    return f"<h2>Features</h2><table>{body}</table>"
+
+
 def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], run_id: str | None,
                 title: str = "sparkdeep evaluation report", ablation: dict | None = None) -> str:
     """The report page for ``result`` (the evaluate step's: ``task``, ``metrics`` per model, and
@@ -460,5 +502,5 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
             f"written {made}</p>"
             f"<h2>Metrics</h2><p class='meta'>{html.escape(_BASELINE_NOTE)}</p>"
             f"<table><tr><th>model</th>{head}</tr>{rows}</table>"
-            f"<h2>Rows per step</h2><table>{counts}</table>{body}"
+            f"<h2>Rows per step</h2><table>{counts}</table>{features_html(reports)}{body}"
             f"{ablation_html(ablation) if ablation else ''}</body></html>")

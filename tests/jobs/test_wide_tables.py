@@ -177,6 +177,10 @@ def test_a_wide_table_runs_every_step_and_reports_the_source_names(spark, wide_r
     # The report names features by their source names, and stays small at this width.
     html = open(wide_run["paths"].report("evaluate", "html"), encoding="utf-8").read()
     assert len(html) < 3_000_000
+    features = html[html.index("<h2>Features</h2>"):]
+    features = features[:features.index("</table>")]
+    assert "x.GENE0" in features and "x_GENE0__" not in features and "more)" in features
+    assert len(features) < 20_000  # lists are cut to their first names, whatever the width
     layout = r["prepare"]["embedding_layout"]["categorical"]
     assert all(" " in c or "é" in c for c in layout if not c.endswith("(bins)"))
     chosen = r["prepare"].get("selected_features") or []
@@ -211,8 +215,8 @@ spark.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     rescored = spark.read.parquet(str(out)).toPandas().set_index("row_id")
     preds = delta_io.read(spark, paths.table("predictions")).toPandas()
-    key = [c for c in preds.columns if c in ("row id", "row_id")][0]
-    preds = preds.set_index(key)
+    assert "row id" in preds.columns and "row_id" not in preds.columns  # the key under its source name
+    preds = preds.set_index("row id")
     common = preds.index.intersection(rescored.index)
     assert len(common) == len(preds)
     assert (rescored.loc[common, "prediction"].to_numpy() == preds.loc[common, "prediction"].to_numpy()).all()
