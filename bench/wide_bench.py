@@ -203,11 +203,18 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="/tmp/sparkdeep-wide")
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "wide.json"))
+    p.add_argument("--resume", action="store_true",
+                   help="keep the widths --out already holds (their runs' outputs must still be under --work)")
     args = p.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     os.makedirs(args.work, exist_ok=True)
     results: dict = {"config": vars(args), "widths": {}}
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as fh:
+            results["widths"] = json.load(fh).get("widths", {})
     for w in widths:
+        if str(w) in results["widths"]:
+            continue
         entry = run_width(w, max(100, args.cells // w), args.work, args.driver_memory)
         results["widths"][str(w)] = entry
         _results.write(args.out, results)

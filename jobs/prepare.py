@@ -18,6 +18,7 @@ def step(spark, cfg, paths, run) -> dict:
     table = run.read(spark, spec.table)
     categorical, numeric = prep.feature_columns(table, key)
     originals = names.originals(table.schema)  # {internal: source name} of renamed columns
+    shown = {c: originals.get(c, c) for c in table.columns}  # every column, for names.display
     train, holdout = prep.split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
     # Before any write or fit: an empty split, or a column no stage can learn from, is named
     # here, not minutes later deep in a fit or in evaluate.
@@ -30,7 +31,7 @@ def step(spark, cfg, paths, run) -> dict:
                              "another holdout_fraction")
     categorical, numeric, left_out = prep.usable_features(profile, categorical, numeric, where=spec.file)
     for c, why in list(left_out.items())[:LISTED]:
-        print(f"[prepare] left out {names.display(c, originals)!r}: {why}", flush=True)
+        print(f"[prepare] left out {names.display(c, shown)!r}: {why}", flush=True)
     if len(left_out) > LISTED:
         print(f"[prepare] ... and {len(left_out) - LISTED} more columns left out (all in the prepare report)", flush=True)
     if not categorical and not numeric:
@@ -54,7 +55,7 @@ def step(spark, cfg, paths, run) -> dict:
     rows_train = profile["rows"] if prep.sampler_of(model) is None else None
     train.unpersist()
 
-    report = prep.prepare_report(model, rows_train, originals)
+    report = prep.prepare_report(model, rows_train, shown)
     s = report["sampler"]
     report.update({
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
@@ -72,16 +73,16 @@ def step(spark, cfg, paths, run) -> dict:
         print(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
               f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''})", flush=True)
     report["encoding"] = cfg.prepare.encoding
-    report["left_out"] = {names.display(c, originals): why for c, why in left_out.items()}
+    report["left_out"] = {names.display(c, shown): why for c, why in left_out.items()}
     layout = prep.embedding_layout(model)
     if layout:
-        shown = names.display_all(layout["categorical"], originals)
-        report["embedding_layout"] = {**layout, "categorical": shown}
+        labels = names.display_all(layout["categorical"], shown)
+        report["embedding_layout"] = {**layout, "categorical": labels}
         bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
-        pairs = ", ".join(f"{c} {n}" for c, n in zip(shown[:LISTED], layout["cardinalities"][:LISTED]))
+        pairs = ", ".join(f"{c} {n}" for c, n in zip(labels[:LISTED], layout["cardinalities"][:LISTED]))
         print(f"[prepare] embeddings for {len(layout['categorical']) - bins} categorical columns and {bins} "
               f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
-              + (f", ... ({len(shown) - LISTED} more, in the prepare report)" if len(shown) > LISTED else ""),
+              + (f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else ""),
               flush=True)
     if "pca_k" in report:
         total = report["pca_explained_variance_total"]

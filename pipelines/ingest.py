@@ -189,6 +189,7 @@ def check_names(spec: DatasetSpec, columns: list[str]) -> None:
             raise SourceError(f"dataset spec {spec.file!r}, key {what!r}: {name!r} is not a column of the "
                               f"source{near(name)}")
     _distinct_ignoring_case(columns, f"source columns, dataset spec {spec.file}")
+    check_derived_key(spec, columns)
 
 
 def _listed(columns: list[str], at_most: int = 20) -> str:
@@ -202,9 +203,25 @@ def internal_names(spec: DatasetSpec, categorical: list[str], numeric: list[str]
     MLlib cannot take (``sparkdeep.names``); two that meet after mapping are an error naming both."""
     kept = ([spec.key] if spec.key else []) + list(categorical) + list(numeric)
     try:
-        return names.mapping(kept, f"dataset spec {spec.file}")
+        mapped = names.mapping(kept, f"dataset spec {spec.file}")
     except names.NameCollision as exc:
         raise SourceError(str(exc)) from None
+    if spec.key and reserved(names.internal_name(spec.key)):
+        raise SourceError(f"dataset spec {spec.file!r}, key 'key': {spec.key!r} becomes the internal name "
+                          f"{names.internal_name(spec.key)!r}, a name the pipeline uses itself; rename the column")
+    return mapped
+
+
+def check_derived_key(spec: DatasetSpec, columns: list[str]) -> None:
+    """Without a ``key``, ingest names the derived id ``row_id``: a source column that is, or
+    becomes, that name (any case) would be ambiguous beside it."""
+    if spec.key:
+        return
+    for c in columns:
+        if names.internal_name(c).lower() == DERIVED_KEY:
+            raise SourceError(f"source column {c!r} (internal name {names.internal_name(c)!r}) takes the name of the "
+                              f"row id ingest derives when the spec has no key; if it identifies a row, set "
+                              f"key: {c!r} in {spec.file}, else rename it in the source")
 
 
 def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list[str], dict]:
@@ -669,9 +686,12 @@ def check_filter(spark: SparkSession, spec: DatasetSpec, columns: list[str] | No
                 if len(parts) == 1 and parts[0].lower() in _NAME_CALLS:
                     calls.append(parts[0])
                 else:
-                    raise SourceError(f"{where} is not a valid SQL condition on the source: {'.'.join(parts)!r} is "
+                    whole = ".".join(parts)
+                    hint = ("; quote a column name with a dot, space or parenthesis in backticks, e.g. "
+                            f"{names.quoted(whole)}" if any(ch in names.UNSAFE for c in columns for ch in c) else "")
+                    raise SourceError(f"{where} is not a valid SQL condition on the source: {whole!r} is "
                                       f"not a column (columns: {', '.join(columns[:20])}"
-                                      f"{', ...' if len(columns) > 20 else ''})")
+                                      f"{', ...' if len(columns) > 20 else ''}){hint}")
         stack.extend(_seq(node.children()))
     if not calls:
         return

@@ -150,10 +150,12 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     imp = [f"{c}__imp" for c in numeric]
     classify = task != "regression"
     stages = []
-    if originals:
-        # First stage: rows a user brings under the source's names are renamed to the
-        # internal ones (sparkdeep.names); the ingested tables pass through.
-        stages.append(ColumnRenamer(originals=list(originals.values()), internals=list(originals)))
+    if originals or categorical:
+        # First stage: rows a user brings under the source's names (and types: a boolean
+        # category) become what ingest wrote; the ingested tables pass through.
+        originals = dict(originals or {})
+        stages.append(ColumnRenamer(originals=list(originals.values()), internals=list(originals),
+                                    optionalCols=[key], stringCols=list(categorical)))
     if classify and majority_ratio:  # 0: no rebalancing, every row with weight 1
         stages.append(ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio,
                                           seed=seed, keyCols=[key]))

@@ -74,23 +74,23 @@ def originals(schema) -> dict[str, str]:
 def display(name: str, originals_: Mapping[str, str]) -> str:
     """An internal (or derived) name as the user knows it: ``x_GENE1__imp`` -> ``x.GENE1__imp``.
 
-    A derived name is the internal column name, ``__`` and a suffix the stages add; the
-    longest known prefix is translated."""
+    A derived name is a column's internal name, ``__`` and a suffix the stages add; the
+    longest prefix that ``originals_`` knows is translated. Give it every column of the
+    table (unrenamed ones mapping to themselves), so that a safe name such as ``a_b__d``
+    is not read as the renamed ``a_b`` plus a suffix."""
     if not originals_:
         return name
     if name in originals_:
         return originals_[name]
-    cut = name.find("__")
+    head, sep, tail = name.partition(" (")  # "<column> (bins)"
+    if sep and head in originals_:
+        return originals_[head] + sep + tail
+    cut = name.rfind("__")
     while cut > 0:
         base = name[:cut]
         if base in originals_:
             return originals_[base] + name[cut:]
-        cut = name.find("__", cut + 1)
-    # Vector attribute names of a one-hot block read "<column>__ohe_<value>", handled
-    # above; a bins label reads "<column> (bins)".
-    head, sep, tail = name.partition(" (")
-    if sep and head in originals_:
-        return originals_[head] + sep + tail
+        cut = name.rfind("__", 0, cut)
     return name
 
 

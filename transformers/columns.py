@@ -20,6 +20,8 @@ from sparkdeep.names import ORIGINAL_NAME, quoted
 
 class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
     """Rename source columns to internal names; columns already internal pass through.
+    Categorical columns (``stringCols``) of another type are cast to strings as ingest
+    casts them (a boolean reads ``true``/``false``), so raw rows score as ingested ones.
 
     Parameters
     ----------
@@ -38,16 +40,22 @@ class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
     originals = Param(Params._dummy(), "originals", "the source column names", typeConverter=TypeConverters.toListString)
     internals = Param(Params._dummy(), "internals", "the internal name of each source column",
                       typeConverter=TypeConverters.toListString)
+    optionalCols = Param(Params._dummy(), "optionalCols",
+                         "internal names the input may lack (the key: scoring needs no key)",
+                         typeConverter=TypeConverters.toListString)
+    stringCols = Param(Params._dummy(), "stringCols",
+                       "internal names of categorical columns, cast to strings as ingest does (booleans as "
+                       "true/false) when the input holds another type", typeConverter=TypeConverters.toListString)
 
     @keyword_only
-    def __init__(self, *, originals=None, internals=None):
+    def __init__(self, *, originals=None, internals=None, optionalCols=None, stringCols=None):
         super().__init__()
-        self._setDefault(originals=[], internals=[])
+        self._setDefault(originals=[], internals=[], optionalCols=[], stringCols=[])
         self._set(**self._input_kwargs)
         self._check_lengths()
 
     @keyword_only
-    def setParams(self, *, originals=None, internals=None) -> "ColumnRenamer":
+    def setParams(self, *, originals=None, internals=None, optionalCols=None, stringCols=None) -> "ColumnRenamer":
         self._set(**self._input_kwargs)
         self._check_lengths()
         return self
@@ -63,24 +71,39 @@ class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
         return list(zip(self.getOrDefault("originals"), self.getOrDefault("internals")))
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
+        from pyspark.sql import types as T
         pairs = self.pairs()
-        if not pairs:
-            return dataset
+        optional = set(self.getOrDefault("optionalCols"))
         present = set(dataset.columns)
         rename = {}
         for orig, internal in pairs:
             if internal in present:
                 continue
             if orig not in present:
+                if internal in optional:
+                    continue
                 raise ValueError(f"ColumnRenamer: the input has neither the column {orig!r} nor its internal name "
                                  f"{internal!r}; the model needs it")
             rename[orig] = internal
-        if not rename:
-            return dataset
         clash = [internal for internal in rename.values() if internal in present]
         if clash:
             raise ValueError(f"ColumnRenamer: the input already has a column {clash[0]!r}")
-        return dataset.select(*[
-            F.col(quoted(f.name)).alias(rename[f.name], metadata={**(f.metadata or {}), ORIGINAL_NAME: f.name})
-            if f.name in rename else F.col(quoted(f.name))
-            for f in dataset.schema.fields])
+        strings = set(self.getOrDefault("stringCols"))
+        recast = {f.name for f in dataset.schema.fields
+                  if rename.get(f.name, f.name) in strings and not isinstance(f.dataType, T.StringType)}
+        if not rename and not recast:
+            return dataset
+        out = []
+        for f in dataset.schema.fields:
+            col = F.col(quoted(f.name))
+            if f.name in recast:
+                col = col.cast("string")
+                if isinstance(f.dataType, T.BooleanType):
+                    col = F.lower(col)
+            if f.name in rename:
+                out.append(col.alias(rename[f.name], metadata={**(f.metadata or {}), ORIGINAL_NAME: f.name}))
+            elif f.name in recast:
+                out.append(col.alias(f.name, metadata=f.metadata or {}))
+            else:
+                out.append(col)
+        return dataset.select(*out)

@@ -226,3 +226,58 @@ spark.stop()
 
 def _ddl_of(run) -> str:
     return ddl(run["pdf"])
+
+
+# -- found by review: names at the edges ---------------------------------------------------------
+
+def test_a_derived_name_is_read_by_the_longest_known_column():
+    shown = {"a_b": "a b", "a_b__c": "a.b__c", "a_b__d": "a_b__d"}
+    assert names.display("a_b__c__imp", shown) == "a.b__c__imp"
+    assert names.display("a_b__d__imp", shown) == "a_b__d__imp"  # a safe column, not 'a b' + suffix
+    assert names.display("a_b__c (bins)", shown) == "a.b__c (bins)"
+    assert names.display("a_b__imp", shown) == "a b__imp"
+
+
+def test_the_renamer_casts_categories_as_ingest_did_and_needs_no_key(spark):
+    from sparkdeep.transformers.columns import ColumnRenamer
+    r = ColumnRenamer(originals=["row id", "is ok?"], internals=["row_id", "is_ok_"], optionalCols=["row_id"],
+                      stringCols=["is_ok_"])
+    out = r.transform(spark.createDataFrame([(True, 1.0), (False, 2.0)], ["is ok?", "x"]))
+    assert out.columns == ["is_ok_", "x"]
+    assert [row[0] for row in out.collect()] == ["true", "false"]
+    assert dict(out.dtypes)["is_ok_"] == "string"
+
+
+@pytest.mark.parametrize("header, key, match", [
+    ("sample weight,z,y", "sample weight", r"'sample weight' becomes the internal name 'sample_weight', a name the "
+                                           r"pipeline uses itself"),
+    ("row id,z,y", "", r"source column 'row id' \(internal name 'row_id'\) takes the name of the row id ingest "
+                       r"derives.*set key: 'row id'"),
+    ("ROW_ID,z,y", "", r"source column 'ROW_ID' .* takes the name of the row id"),
+])
+def test_a_key_that_meets_a_pipeline_name_is_named_before_writing(spark, tmp_path, header, key, match):
+    from sparkdeep.pipelines.ingest import SourceError
+
+    from .test_datasets import run_ingest
+    cols = header.split(",")
+    csv = tmp_path / "k.csv"
+    csv.write_text(header + "\n" + "\n".join(f"{i},{i * 0.5},{i % 2}" for i in range(20)) + "\n")
+    spec = write_spec(tmp_path, "k", {"source": {"format": "csv", "path": str(csv)},
+                                      "schema": f"{names.quoted(cols[0])} BIGINT, z DOUBLE, y INT", "key": key,
+                                      "label": {"column": "y", "task": "binary"}})
+    with pytest.raises(SourceError, match=match):
+        run_ingest(spark, config(spec, tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "tables" / "k")
+
+
+def test_a_filter_naming_a_dotted_column_without_backticks_says_to_quote_it(spark, tmp_path):
+    from sparkdeep.pipelines.ingest import SourceError
+
+    from .test_datasets import run_ingest
+    csv = tmp_path / "f.csv"
+    csv.write_text("id,g.GENE1,y\n" + "\n".join(f"{i},{i * 0.5},{i % 2}" for i in range(20)) + "\n")
+    spec = write_spec(tmp_path, "f", {"source": {"format": "csv", "path": str(csv)},
+                                      "schema": "id BIGINT, `g.GENE1` DOUBLE, y INT", "key": "id",
+                                      "label": {"column": "y", "task": "binary"}, "filter": "g.GENE1 > 0"})
+    with pytest.raises(SourceError, match=r"'g\.GENE1' is not a column .*backticks, e\.g\. `g\.GENE1`"):
+        run_ingest(spark, config(spec, tmp_path / "out"))
