@@ -67,7 +67,8 @@ def test_report_names_selected_features_and_pca_variance(sample):
 
 def test_sample_ignores_a_column_added_to_the_source(sample):
     train, _ = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
-    sampler = pipeline(sample, pca_k=5).getStages()[0]
+    from sparkdeep.transformers.sampling import ClassBalanceSampler
+    sampler = next(s for s in pipeline(sample, pca_k=5).getStages() if isinstance(s, ClassBalanceSampler))
     kept = {r[0] for r in sampler.fit(train).sample(train).select(KEY).collect()}
     wider = train.withColumn("added_later", F.lit("x"))
     again = {r[0] for r in sampler.fit(wider).sample(wider).select(KEY).collect()}
