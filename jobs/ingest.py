@@ -125,8 +125,8 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
               f"value: {plan['class_0_values']}{more} (set label.negative to reject values in neither list)",
               flush=True)
     print(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
-          + (f"; left out {len(left_out)}: {ing._listed(sorted(left_out), 10)}" if left_out else "")
-          + (f"; new source columns ignored: {ing._listed(source.new_columns, 10)}" if source.new_columns else ""),
+          + (f"; left out {len(left_out)}: {ing.listed(sorted(left_out), 10)}" if left_out else "")
+          + (f"; new source columns ignored: {ing.listed(source.new_columns, 10)}" if source.new_columns else ""),
           flush=True)
     return report
 

@@ -76,14 +76,7 @@ def step(spark, cfg, paths, run) -> dict:
     report["left_out"] = {names.display(c, shown): why for c, why in left_out.items()}
     layout = prep.embedding_layout(model)
     if layout:
-        labels = names.display_all(layout["categorical"], shown)
-        report["embedding_layout"] = {**layout, "categorical": labels}
-        bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
-        pairs = ", ".join(f"{c} {n}" for c, n in zip(labels[:LISTED], layout["cardinalities"][:LISTED]))
-        print(f"[prepare] embeddings for {len(layout['categorical']) - bins} categorical columns and {bins} "
-              f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
-              + (f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else ""),
-              flush=True)
+        report["embedding_layout"] = _embedding_layout(layout, shown)
     if "pca_k" in report:
         total = report["pca_explained_variance_total"]
         print(f"[prepare] CenteredPCA k={report['pca_k']} explains {total} of the variance: "
@@ -95,6 +88,18 @@ def step(spark, cfg, paths, run) -> dict:
                                   "turn PCA off (prepare.pca=false); bench/RESULTS.md has what it cost here"]
             print(f"[prepare] WARNING: {report['warnings'][0]}", flush=True)
     return report
+
+
+def _embedding_layout(layout: dict, shown: dict) -> dict:
+    """The layout under the source's names, printed with at most LISTED columns."""
+    labels = names.display_all(layout["categorical"], shown)
+    bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
+    pairs = ", ".join(f"{c} {n}" for c, n in zip(labels[:LISTED], layout["cardinalities"][:LISTED]))
+    print(f"[prepare] embeddings for {len(labels) - bins} categorical columns and {bins} "
+          f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
+          + (f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else ""),
+          flush=True)
+    return {**layout, "categorical": labels}
 
 
 main = main_for("prepare", __doc__, step)

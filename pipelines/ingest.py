@@ -183,7 +183,7 @@ def check_names(spec: DatasetSpec, columns: list[str]) -> None:
     def near(name: str) -> str:
         same = [c for c in columns if c.lower() == name.lower()]
         return f"; did you mean {same[0]!r} (names are case-sensitive here)?" if same else \
-            f" (columns: {_listed(columns)})"
+            f" (columns: {listed(columns)})"
     for what, name in (("key", spec.key), ("label.column", spec.label.column)):
         if name and name not in columns:
             raise SourceError(f"dataset spec {spec.file!r}, key {what!r}: {name!r} is not a column of the "
@@ -192,7 +192,7 @@ def check_names(spec: DatasetSpec, columns: list[str]) -> None:
     check_derived_key(spec, columns)
 
 
-def _listed(columns: list[str], at_most: int = 20) -> str:
+def listed(columns: list[str], at_most: int = 20) -> str:
     """At most ``at_most`` names, then how many more: a message stays readable at 10,000 columns."""
     shown = ", ".join(columns[:at_most])
     return shown + (f", ... ({len(columns) - at_most} more)" if len(columns) > at_most else "")
