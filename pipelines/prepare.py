@@ -10,7 +10,7 @@ only) and the univariate test (ANOVA F for classes, F-regression for a number).
 from __future__ import annotations
 
 from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.feature import (Bucketizer, Imputer, OneHotEncoder, QuantileDiscretizer, StandardScaler,
+from pyspark.ml.feature import (Bucketizer, OneHotEncoder, StandardScaler,
                                 StringIndexer, StringIndexerModel, VectorAssembler)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from sparkdeep import names
 from sparkdeep.transformers.columns import ColumnRenamer
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
+from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
 from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, hash_uniform
 from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
                                               VarianceSelector)
@@ -136,7 +137,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     one category index per categorical column]`` for the network's embedding layers. An
     unseen or null category gets index = its column's number of values (StringIndexer's
     ``'keep'`` bucket). ``numeric_buckets > 0`` adds, per numeric column, its quantile bin
-    (``QuantileDiscretizer``) as one more index for an embedding: a step function of each
+    (``QuantileBinner``: MLlib's ``QuantileDiscretizer`` in one pass) as one more index for an embedding: a step function of each
     number the network can learn directly, as trees do. :func:`embedding_layout` reads the
     layout back from the fitted model.
     """
@@ -166,7 +167,8 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
         if encoding == "onehot":
             stages.append(OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True))
     if numeric:
-        stages.append(Imputer(inputCols=numeric, outputCols=imp, strategy="median"))
+        # MLlib's ImputerModel, fitted in one pass over every column (transformers/quantiles).
+        stages.append(MedianImputer(inputCols=numeric, outputCols=imp))
 
     def reduce(source: str, last: str) -> list:
         out = [
@@ -199,8 +201,8 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     bins = []
     if numeric and numeric_buckets:
         bins = [f"{c}__bin" for c in numeric]
-        stages.append(QuantileDiscretizer(inputCols=imp, outputCols=bins, numBuckets=int(numeric_buckets),
-                                          handleInvalid="keep", relativeError=0.001))
+        stages.append(QuantileBinner(inputCols=imp, outputCols=bins, numBuckets=int(numeric_buckets),
+                                     handleInvalid="keep"))
     stages.append(VectorAssembler(inputCols=inputs + idx + bins, outputCol=FEATURES, handleInvalid="error"))
     return Pipeline(stages=stages)
 

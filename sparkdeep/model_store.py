@@ -80,6 +80,7 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     CorrelationSelectorModel ModelImportanceSelector ModelImportanceSelectorModel""") | _names(
     "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
     "sparkdeep.transformers.columns", "ColumnRenamer") | _names(
+    "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
     "sparkdeep.transformers.keras_estimator", "KerasHorovodModel")
 
 # MLlib names a stage folder ``<index>_<uid>``; a uid is a class-like prefix, "_" and hex.

@@ -47,7 +47,7 @@ class StandaloneCluster:
                                                stdout=fh, stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True))
 
-    def start(self, timeout_s: float = 120) -> "StandaloneCluster":
+    def start(self, timeout_s: float = 300) -> "StandaloneCluster":  # 3 JVMs on 2 busy cores: 120 s was short
         os.makedirs(self.work_dir, exist_ok=True)
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(self.port), "--webui-port", str(self.ui_port)])

@@ -187,6 +187,7 @@ def _pipeline(out, run_id, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # six pipeline processes (each with a 900 s limit of its own) on a mini cluster
 def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs, spark, repo_root, tmp_path):
     """Issue 14.2 acceptance: output_dir on hdfs://. A run stopped in train (after its first
     epoch's checkpoint) resumes from that checkpoint, read back from HDFS; tables, models,
@@ -267,9 +268,11 @@ def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs,
     st.write_bytes(f"{out}/.lock", json.dumps({"owner": "run ghost", "host": "elsewhere", "pid": 1}).encode())
     blocked = run(_pipeline(out, "blocked", *track, "--steps", "evaluate"))
     assert blocked.returncode == 3 and "in use by run 'ghost'" in blocked.stderr and "--break-lock" in blocked.stderr
-    broke = run(_pipeline(out, "blocked", *track, "--steps", "evaluate", "--break-lock"))
+    # (A step that run on-hdfs finished: the lock is taken before the step is found done.)
+    broke = run(_pipeline(out, "on-hdfs", *track, "--steps", "evaluate", "--break-lock"))
     assert broke.returncode == 0, broke.stderr[-3000:]
     assert "[lock] took over" in broke.stdout and "run ghost" in broke.stdout
+    assert "[evaluate] already done in run on-hdfs: skipped" in broke.stdout
     assert not st.exists(f"{out}/.lock")
 
 

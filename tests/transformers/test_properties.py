@@ -15,7 +15,10 @@ from sparkdeep.transformers.sampling import ClassBalanceSampler, UniformSampler
 from sparkdeep.transformers.selection import (CorrelationSelector, MissingRateSelector, UnivariateSelector,
                                               VarianceSelector)
 
-CASES = 16
+# Seeds whose frames cover every kind (clean, NaN, null row, mixed widths), 0, 1, 3, 25 and
+# 60 rows, constant features, duplicate rows, 1 to 3 partitions, with and without an id:
+# ten cases instead of sixteen drawn ones, which left out the one-row frame (each ~25 s).
+SEEDS = (0, 1, 3, 4, 5, 6, 9, 11, 12, 24)
 
 
 def make_case(spark, seed):
@@ -56,7 +59,7 @@ def outcome(fn):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_stages_give_the_reference_or_a_clear_error(spark, seed):
     df, x, y, kind, n = make_case(spark, seed)
     fine = kind == "clean" and n >= 2
