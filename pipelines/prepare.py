@@ -115,6 +115,29 @@ ENCODINGS = ("embedding", "onehot")
 NUMERIC = "numeric_scaled"
 
 
+def reduction_stages(source: str, last: str, *, label: str, classify: bool, selector_top_fraction: float,
+                     max_correlation: float, pca: bool, pca_k: int, pca_variance_target: float) -> list:
+    """The selectors on vector column ``source`` (variance, univariate test, correlation
+    redundancy), then ``CenteredPCA`` (``pca``) or standardisation, writing ``last``."""
+    out = [
+        VarianceSelector(featuresCol=source, outputCol="varying", varianceThreshold=0.0),
+        UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
+                           featureType="continuous", labelType="categorical" if classify else "continuous",
+                           selectionMode="percentile", selectionThreshold=selector_top_fraction),
+        CorrelationSelector(featuresCol="informative", outputCol="selected", labelCol=label,
+                            maxCorrelation=max_correlation),
+    ]
+    if pca:
+        # pca_k is a maximum: a table with fewer features after selection keeps them all.
+        out.append(CenteredPCA(inputCol="selected", outputCol=last, k=pca_k, varianceTarget=pca_variance_target,
+                               scale=True, kAtMost=True))
+    else:
+        # A network needs standardised inputs: raw numbers (a year, a pressure in hPa)
+        # next to 0/1 columns stall training (measured: AUC 0.51; bench/RESULTS.md).
+        out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
+    return out
+
+
 def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majority_ratio: float,
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
                            pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
@@ -171,23 +194,9 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
         stages.append(MedianImputer(inputCols=numeric, outputCols=imp))
 
     def reduce(source: str, last: str) -> list:
-        out = [
-            VarianceSelector(featuresCol=source, outputCol="varying", varianceThreshold=0.0),
-            UnivariateSelector(featuresCol="varying", outputCol="informative", labelCol=label,
-                               featureType="continuous", labelType="categorical" if classify else "continuous",
-                               selectionMode="percentile", selectionThreshold=selector_top_fraction),
-            CorrelationSelector(featuresCol="informative", outputCol="selected", labelCol=label,
-                                maxCorrelation=max_correlation),
-        ]
-        if pca:
-            # pca_k is a maximum: a table with fewer features after selection keeps them all.
-            out.append(CenteredPCA(inputCol="selected", outputCol=last, k=pca_k, varianceTarget=pca_variance_target,
-                                   scale=True, kAtMost=True))
-        else:
-            # A network needs standardised inputs: raw numbers (a year, a pressure in hPa)
-            # next to 0/1 columns stall training (measured: AUC 0.51; bench/RESULTS.md).
-            out.append(StandardScaler(inputCol="selected", outputCol=last, withMean=True, withStd=True))
-        return out
+        return reduction_stages(source, last, label=label, classify=classify,
+                                selector_top_fraction=selector_top_fraction, max_correlation=max_correlation,
+                                pca=pca, pca_k=pca_k, pca_variance_target=pca_variance_target)
 
     if encoding == "onehot":
         stages.append(VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))

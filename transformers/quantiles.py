@@ -205,6 +205,11 @@ def _numeric_types(df: DataFrame, cols: list[str]) -> list[T.DataType]:
     return [fields[c] for c in cols]
 
 
+def _same_length(cols: list[str], outs: list[str]) -> None:
+    if len(cols) != len(outs):
+        raise ValueError(f"inputCols ({len(cols)}) and outputCols ({len(outs)}) differ in length")
+
+
 def _no_values(cols: list[str], q: np.ndarray, what: str) -> None:
     empty = [c for c, row in zip(cols, q) if np.isnan(row).any()]
     if empty:
@@ -234,8 +239,7 @@ class MedianImputer(Estimator, HasInputCols, HasOutputCols, DefaultParamsReadabl
 
     def _fit(self, dataset: DataFrame) -> ImputerModel:
         cols, outs = self.getInputCols(), self.getOutputCols()
-        if len(cols) != len(outs):
-            raise ValueError(f"inputCols ({len(cols)}) and outputCols ({len(outs)}) differ in length")
+        _same_length(cols, outs)
         medians = approx_quantiles(dataset, cols, [0.5])
         _no_values(cols, medians, "median to impute with")
         sc = dataset.sparkSession.sparkContext
@@ -279,8 +283,7 @@ class QuantileBinner(Estimator, HasInputCols, HasOutputCols, HasHandleInvalid, D
         cols, outs, k = self.getInputCols(), self.getOutputCols(), self.getNumBuckets()
         if k < 2:
             raise ValueError(f"numBuckets must be at least 2, got {k}")
-        if len(cols) != len(outs):
-            raise ValueError(f"inputCols ({len(cols)}) and outputCols ({len(outs)}) differ in length")
+        _same_length(cols, outs)
         q = approx_quantiles(dataset, cols, [i / k for i in range(k + 1)])
         _no_values(cols, q, "bin edges")
         splits = []
