@@ -22,14 +22,15 @@ from __future__ import annotations
 import time
 
 from pyspark.ml import PipelineModel
-from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep import tasks
 from sparkdeep.tasks import BASELINES
 
-from .prepare import LABEL
+from sparkdeep.transformers.columns import WideAssembler
+
+from .prepare import ASSEMBLERS, LABEL
 
 ASSEMBLED = "assembled"
 #: Suffixes of each baseline's output columns in the combined pipeline.
@@ -40,7 +41,7 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
     """The fitted encoding of ``prepare_model`` writing every feature to ``assembled``,
     minus the class-balance sampler: every row, every feature.
 
-    A one-hot prepare model has it: its stages up to the ``VectorAssembler`` of
+    A one-hot prepare model has it: its stages up to the assembler of
     ``assembled``. An embedding one indexes categories but never one-hot encodes them, so
     the front is its ``StringIndexer`` and ``Imputer`` models, a ``OneHotEncoder`` fitted
     here on ``train``, and an assembler of the imputed numbers and the one-hot columns.
@@ -53,7 +54,7 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
         if isinstance(stage, ClassBalanceSamplerModel):
             continue
         stages.append(stage)
-        if isinstance(stage, VectorAssembler) and stage.getOutputCol() == ASSEMBLED:
+        if isinstance(stage, ASSEMBLERS) and stage.getOutputCol() == ASSEMBLED:
             return PipelineModel(stages)
     indexers = [s for s in prepare_model.stages if isinstance(s, StringIndexerModel)]
     imputers = [s for s in prepare_model.stages if isinstance(s, ImputerModel)]
@@ -70,7 +71,7 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
         front.append(OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True).fit(
             PipelineModel(list(indexers)).transform(train)))
     imp = [c for s in imputers for c in s.getOutputCols()]
-    front.append(VectorAssembler(inputCols=imp + ohe, outputCol=ASSEMBLED, handleInvalid="error"))
+    front.append(WideAssembler(inputCols=imp + ohe, outputCol=ASSEMBLED, handleInvalid="error"))
     return PipelineModel(front)
 
 

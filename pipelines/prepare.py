@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep import names
-from sparkdeep.transformers.columns import ColumnRenamer
+from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
 from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, hash_uniform
@@ -26,6 +26,8 @@ from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel
 LABEL = "label"
 WEIGHT = "sample_weight"
 FEATURES = "features"
+#: The assemblers a fitted prepare model may hold (models saved before WideAssembler: MLlib's).
+ASSEMBLERS = (WideAssembler, VectorAssembler)
 
 
 def feature_columns(df: DataFrame, key: str) -> tuple[list[str], list[str]]:
@@ -199,12 +201,12 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
                                 pca=pca, pca_k=pca_k, pca_variance_target=pca_variance_target)
 
     if encoding == "onehot":
-        stages.append(VectorAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))
+        stages.append(WideAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))
         stages += reduce("assembled", FEATURES)
         return Pipeline(stages=stages)
     inputs = []
     if numeric:
-        stages.append(VectorAssembler(inputCols=imp, outputCol="numeric", handleInvalid="error"))
+        stages.append(WideAssembler(inputCols=imp, outputCol="numeric", handleInvalid="error"))
         stages += reduce("numeric", NUMERIC)
         inputs.append(NUMERIC)
     bins = []
@@ -212,7 +214,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
         bins = [f"{c}__bin" for c in numeric]
         stages.append(QuantileBinner(inputCols=imp, outputCols=bins, numBuckets=int(numeric_buckets),
                                      handleInvalid="keep"))
-    stages.append(VectorAssembler(inputCols=inputs + idx + bins, outputCol=FEATURES, handleInvalid="error"))
+    stages.append(WideAssembler(inputCols=inputs + idx + bins, outputCol=FEATURES, handleInvalid="error"))
     return Pipeline(stages=stages)
 
 
@@ -220,7 +222,7 @@ def embedding_layout(model: PipelineModel) -> dict | None:
     """The network's input layout of a fitted embedding-encoded prepare model (None for a
     one-hot one): ``categorical`` (column names), ``cardinalities`` (values + 1 for the
     unseen/null bucket, per column); :func:`network_layout` adds ``numeric_dim``."""
-    assembler = next((s for s in model.stages if isinstance(s, VectorAssembler) and s.getOutputCol() == FEATURES),
+    assembler = next((s for s in model.stages if isinstance(s, ASSEMBLERS) and s.getOutputCol() == FEATURES),
                      None)
     if assembler is None:
         return None

@@ -79,7 +79,7 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     MissingRateSelectorModel UnivariateSelector UnivariateSelectorModel CorrelationSelector
     CorrelationSelectorModel ModelImportanceSelector ModelImportanceSelectorModel""") | _names(
     "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
-    "sparkdeep.transformers.columns", "ColumnRenamer") | _names(
+    "sparkdeep.transformers.columns", "ColumnRenamer WideAssembler") | _names(
     "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
     "sparkdeep.transformers.keras_estimator", "KerasHorovodModel")
 

@@ -1,4 +1,5 @@
-"""The saved model's first stage: rows under the source's column names in, internal names out.
+"""Column stages of the saved model: the first (rows under the source's column names in,
+internal names out) and the assembler of many columns into one vector.
 
 Ingest stores a column whose name Delta or MLlib cannot take (``x.GENE1``, ``Price (USD)``)
 under an internal name (``sparkdeep.names``). A fitted pipeline that starts with
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 from pyspark import keyword_only
 from pyspark.ml import Transformer
+from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasHandleInvalid, HasInputCols, HasOutputCol
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -107,3 +110,54 @@ class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
             else:
                 out.append(col)
         return dataset.select(*out)
+
+
+#: Spark's self-join check: with it on, ``Dataset.col`` tags each column it returns with
+#: the frame's id and the column's position, found by a scan of the plan's output.
+SELF_JOIN_CHECK = "spark.sql.analyzer.failAmbiguousSelfJoin"
+
+
+class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, DefaultParamsReadable,
+                    DefaultParamsWritable):
+    """MLlib's ``VectorAssembler`` (the same vector, ML attributes and ``handleInvalid``),
+    at a cost linear in the number of columns.
+
+    MLlib's assembler resolves each input with ``dataset(c)``; with Spark's self-join check
+    on, each of those scans the plan's output to tag the column with its position, so
+    assembling n columns costs n x n: at 10,000 columns 83 s of driver time before any row
+    is read, against 12 s with the check off (``bench/RESULTS.md``). This stage runs MLlib's
+    own transform with the check off for the session while it builds the plan, then puts
+    the setting back as it was. The columns it resolves come from one frame and join
+    nothing, so the check has nothing to find there; a query another thread of the same
+    session analyses during that window (milliseconds to seconds) goes unchecked too.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(1.0, 2.0)], ["a", "b"])
+    >>> WideAssembler(inputCols=["a", "b"], outputCol="v").transform(df).first().v
+    DenseVector([1.0, 2.0])
+    """
+
+    @keyword_only
+    def __init__(self, *, inputCols=None, outputCol=None, handleInvalid="error"):
+        super().__init__()
+        self._setDefault(handleInvalid="error")
+        self._set(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCols=None, outputCol=None, handleInvalid="error") -> "WideAssembler":
+        return self._set(**self._input_kwargs)
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        assembler = VectorAssembler(inputCols=self.getInputCols(), outputCol=self.getOutputCol(),
+                                    handleInvalid=self.getHandleInvalid())
+        conf = dataset.sparkSession.conf
+        before = conf.get(SELF_JOIN_CHECK, None)
+        conf.set(SELF_JOIN_CHECK, "false")
+        try:
+            return assembler.transform(dataset)
+        finally:
+            if before is None:
+                conf.unset(SELF_JOIN_CHECK)
+            else:
+                conf.set(SELF_JOIN_CHECK, before)
