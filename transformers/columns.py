@@ -9,6 +9,8 @@ does not deepen with the number of columns).
 """
 from __future__ import annotations
 
+import threading
+
 from pyspark import keyword_only
 from pyspark.ml import Transformer
 from pyspark.ml.feature import VectorAssembler
@@ -115,6 +117,7 @@ class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
 #: Spark's self-join check: with it on, ``Dataset.col`` tags each column it returns with
 #: the frame's id and the column's position, found by a scan of the plan's output.
 SELF_JOIN_CHECK = "spark.sql.analyzer.failAmbiguousSelfJoin"
+_SELF_JOIN_LOCK = threading.Lock()
 
 
 class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, DefaultParamsReadable,
@@ -126,10 +129,13 @@ class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, D
     on, each of those scans the plan's output to tag the column with its position, so
     assembling n columns costs n x n: at 10,000 columns 83 s of driver time before any row
     is read, against 12 s with the check off (``bench/RESULTS.md``). This stage runs MLlib's
-    own transform with the check off for the session while it builds the plan, then puts
-    the setting back as it was. The columns it resolves come from one frame and join
-    nothing, so the check has nothing to find there; a query another thread of the same
-    session analyses during that window (milliseconds to seconds) goes unchecked too.
+    own transform with the check off for the session while it builds the plan (one
+    assembler at a time in a process, under a lock, so concurrent ones cannot leave it
+    off), then puts the setting back as it was. What that changes: the frame it returns is
+    not tagged, so an ambiguous self-join of that very frame would go undetected (the
+    pipeline's later stages build tagged frames over it), and so would one another thread
+    of the session analyses during the window. Where the session refuses the setting, the
+    stage is MLlib's assembler unchanged, slow at width but the same output.
 
     Examples
     --------
@@ -152,12 +158,16 @@ class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, D
         assembler = VectorAssembler(inputCols=self.getInputCols(), outputCol=self.getOutputCol(),
                                     handleInvalid=self.getHandleInvalid())
         conf = dataset.sparkSession.conf
-        before = conf.get(SELF_JOIN_CHECK, None)
-        conf.set(SELF_JOIN_CHECK, "false")
-        try:
-            return assembler.transform(dataset)
-        finally:
-            if before is None:
-                conf.unset(SELF_JOIN_CHECK)
-            else:
-                conf.set(SELF_JOIN_CHECK, before)
+        with _SELF_JOIN_LOCK:
+            before = conf.get(SELF_JOIN_CHECK, None)
+            try:
+                conf.set(SELF_JOIN_CHECK, "false")
+            except Exception:  # a session that refuses the setting: MLlib's assembler as it is
+                return assembler.transform(dataset)
+            try:
+                return assembler.transform(dataset)
+            finally:
+                if before is None:
+                    conf.unset(SELF_JOIN_CHECK)
+                else:
+                    conf.set(SELF_JOIN_CHECK, before)

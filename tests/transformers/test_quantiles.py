@@ -38,6 +38,25 @@ def test_the_summary_is_exact_when_it_holds_every_value_and_bounded_otherwise(ro
     assert q[0, 0] == np.nanmin(data[:, 0]) and q[0, -1] == np.nanmax(data[:, 0])
 
 
+def test_a_sparse_column_stays_exact_in_batches_larger_than_the_points():
+    """A column with at most ``points`` values, spread over batches longer than ``points``
+    rows and merged past ``points`` rows, keeps every value: its quantiles are exact."""
+    rng = np.random.default_rng(5)
+    levels, seen = _Levels(64), []
+    for b in range(12):
+        batch = np.full((500, 2), np.nan)
+        batch[:, 1] = rng.normal(size=500)          # dense: compressed
+        v = rng.permutation(5) + 10.0 * b            # sparse: 5 values a batch, 60 in all
+        batch[rng.choice(500, 5, replace=False), 0] = v
+        seen += list(v)
+        levels.add(_Summary.of_batch(batch, 64))
+    probs = [0.0, 0.01, 0.25, 0.5, 0.9, 1.0]
+    q = levels.result().quantiles(probs)
+    assert max(_rank_error(np.array(seen), q[0, k], p) for k, p in enumerate(probs)) == 0.0
+    assert _rank_error(np.array([1.0]), _Summary.of_batch(np.array([[1.0]] + [[np.nan]] * 99), 64)
+                       .quantiles([0.5])[0, 0], 0.5) == 0.0
+
+
 def _table(spark, rows=700, seed=3):
     rng = np.random.default_rng(seed)
     pdf = pd.DataFrame({"a": rng.normal(size=rows), "b": rng.integers(0, 12, rows).astype(float),
@@ -105,3 +124,18 @@ def test_bad_input_is_a_clear_error_naming_the_column(spark):
         MedianImputer(inputCols=["a"], outputCols=[]).fit(df)
     with pytest.raises(ValueError, match=r"\['a'\] have no non-null"):  # no rows at all
         MedianImputer(inputCols=["a"], outputCols=["a_i"]).fit(df.limit(0))
+
+
+def test_many_partitions_merge_on_the_executors_to_the_exact_answer(spark):
+    """17 partitions: two rounds of executor-side merges (17 -> 5 -> 2 -> 1); every column
+    holds under ``points`` values, so the quantiles are the exact rank quantiles."""
+    rng = np.random.default_rng(8)
+    pdf = pd.DataFrame({"u": rng.normal(size=900), "t": rng.integers(0, 7, 900).astype(float)})
+    pdf.loc[::4, "u"] = np.nan
+    df = spark.createDataFrame(pdf).repartition(17)
+    probs = [0.0, 0.2, 0.5, 0.77, 1.0]
+    q = approx_quantiles(df, ["u", "t"], probs)
+    for j, c in enumerate(["u", "t"]):
+        assert max(_rank_error(pdf[c].to_numpy(), q[j, k], p) for k, p in enumerate(probs)) == 0.0
+    empty = approx_quantiles(df.where("u > 100"), ["u"], [0.5])
+    assert np.isnan(empty).all()
