@@ -287,7 +287,9 @@ class Storage:
             self._put(fs, p, body, overwrite=False)
             return True
         except Exception as exc:  # FileAlreadyExistsException through Py4J
-            if "AlreadyExists" not in str(exc) and not fs.exists(p):
+            # AlreadyBeingCreatedException: another creator (in this process: the same HDFS
+            # client) is writing it right now, and the file may not be visible yet: lost too.
+            if not any(k in str(exc) for k in ("AlreadyExists", "AlreadyBeingCreated")) and not fs.exists(p):
                 raise
             return False
 
