@@ -72,9 +72,6 @@ class _Summary:
         if len(matrix) <= points:
             return cls(ordered, (~np.isnan(ordered)).astype("float64"))
         counts = (~np.isnan(matrix)).sum(axis=0)
-        if (counts <= points).all():  # sparse columns: every value fits, none is dropped
-            head = ordered[:points]
-            return cls(head, (~np.isnan(head)).astype("float64"))
         # Point i of column j: the value at rank floor((i + 0.5) * count_j / points).
         ranks = np.floor((np.arange(points)[:, None] + 0.5) * counts[None, :] / points).astype("int64")
         ranks = np.minimum(ranks, np.maximum(counts - 1, 0)[None, :])
@@ -178,13 +175,12 @@ def approx_quantiles(df: DataFrame, cols: list[str], probabilities: list[float])
     n = len(cols)
 
     def summarise(batches):
-        import pyarrow as pa
         levels = _Levels(points)
         for b in batches:
             if b.num_rows == 0:
                 continue
             # Columns in chunks of about 4M values: a wide batch is not copied whole.
-            step = max(1, (1 << 22) // b.num_rows)
+            step = max(1, MAX_CELLS // b.num_rows)
             chunks = []
             for lo in range(0, n, step):
                 matrix = np.empty((b.num_rows, min(n, lo + step) - lo))
@@ -193,10 +189,7 @@ def approx_quantiles(df: DataFrame, cols: list[str], probabilities: list[float])
                 chunks.append(_Summary.of_batch(matrix, points))
             levels.add(_Summary(np.concatenate([c.values for c in chunks], axis=1),
                                 np.concatenate([c.weights for c in chunks], axis=1)))
-        s = levels.result()
-        if s is not None:
-            yield pa.RecordBatch.from_pydict({"summary": [s.to_bytes()]},
-                                             schema=pa.schema([("summary", pa.binary())]))
+        yield from _as_batch(levels.result())
 
     schema = T.StructType([T.StructField("summary", T.BinaryType())])
     # A cast only where needed (thousands of no-op casts doubled the pass); positional
@@ -206,15 +199,11 @@ def approx_quantiles(df: DataFrame, cols: list[str], probabilities: list[float])
     parts = df.selectExpr(*exprs).mapInArrow(summarise, schema)
 
     def merge(batches):
-        import pyarrow as pa
         levels = _Levels(points)
         for b in batches:
             for blob in b.column(0).to_pylist():
                 levels.add(_Summary.from_bytes(blob))
-        s = levels.result()
-        if s is not None:
-            yield pa.RecordBatch.from_pydict({"summary": [s.to_bytes()]},
-                                             schema=pa.schema([("summary", pa.binary())]))
+        yield from _as_batch(levels.result())
 
     # Every partition's summary at once (one stage, all tasks in parallel), then merged on the
     # executors, FAN_IN into one per round, down to one summary: the driver receives one.
@@ -226,6 +215,14 @@ def approx_quantiles(df: DataFrame, cols: list[str], probabilities: list[float])
     if not rows:
         return np.full((n, len(probabilities)), np.nan)
     return _Summary.from_bytes(bytes(rows[0]["summary"])).quantiles(probabilities)
+
+
+def _as_batch(summary: _Summary | None):
+    """One Arrow batch of one row holding ``summary``'s bytes (none for no summary)."""
+    if summary is not None:
+        import pyarrow as pa
+        yield pa.RecordBatch.from_pydict({"summary": [summary.to_bytes()]},
+                                         schema=pa.schema([("summary", pa.binary())]))
 
 
 def _numeric_types(df: DataFrame, cols: list[str]) -> list[T.DataType]:
