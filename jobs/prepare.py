@@ -5,6 +5,7 @@ import sys
 
 from sparkdeep import delta_io, names
 from sparkdeep.pipelines import prepare as prep
+from sparkdeep.transformers.columns import wide_plans
 
 from sparkdeep.jobs._common import main_for
 
@@ -48,9 +49,10 @@ def step(spark, cfg, paths, run) -> dict:
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
         encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets,
         originals=originals)
-    model = pipeline.fit(train)
+    with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
+        model = pipeline.fit(train)
+        prepared = prep.prepared_training_data(model, train, key)
     run.save_model(model, "prepare")
-    prepared = prep.prepared_training_data(model, train, key)
     prepared_ref = run.write(prepared.repartition(4), "train_prepared")
     rows_train = profile["rows"] if prep.sampler_of(model) is None else None
     train.unpersist()

@@ -12,6 +12,7 @@ from pyspark import StorageLevel
 from sparkdeep import delta_io, model_store
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines.evaluate import classes_of, predictions_frame
+from sparkdeep.transformers.columns import wide_plans
 
 from sparkdeep.jobs._common import main_for
 
@@ -23,7 +24,8 @@ def step(spark, cfg, paths, run) -> dict:
     out = {"holdout_version": run.inputs["holdout"]["version"], "rows_in": holdout.count(), "tables": {}}
     for name, table in (("pipeline", "predictions"), ("baseline", "baseline_predictions")):
         model = model_store.load_pipeline(spark, run.model_input(name))
-        scored = model.transform(holdout)
+        with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
+            scored = model.transform(holdout)
         if name == "pipeline":
             frame = predictions_frame(scored, "keras", key=spec.key_column, task=spec.task, classes=classes)
         else:

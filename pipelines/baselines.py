@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from sparkdeep import tasks
 from sparkdeep.tasks import BASELINES
 
-from sparkdeep.transformers.columns import WideAssembler
+from sparkdeep.transformers.columns import WideAssembler, wide_plans
 
 from .prepare import ASSEMBLERS, LABEL
 
@@ -111,8 +111,9 @@ def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, s
     names = tuple(names) if names else BASELINES[tasks.check_task(task)]
     for name in names:
         estimator(name, task, seed=seed)  # an unknown name fails before any work
-    front = assembly_front(prepare_model, train)
-    assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
+    with wide_plans(train.sparkSession):  # MLlib's per-column stages plan in linear time at width
+        front = assembly_front(prepare_model, train)
+        assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
     try:
         assembled.count()  # the encoding is shared by the candidates, not timed against one
         models, fit_s = [], {}

@@ -9,6 +9,7 @@ does not deepen with the number of columns).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from pyspark import keyword_only
@@ -117,7 +118,45 @@ class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
 #: Spark's self-join check: with it on, ``Dataset.col`` tags each column it returns with
 #: the frame's id and the column's position, found by a scan of the plan's output.
 SELF_JOIN_CHECK = "spark.sql.analyzer.failAmbiguousSelfJoin"
-_SELF_JOIN_LOCK = threading.Lock()
+_SELF_JOIN_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def wide_plans(spark):
+    """Build plans over many columns at a cost linear in them: Spark's self-join check off
+    for the session inside the block, put back as it was after (unset if it was unset).
+
+    MLlib's multi-column stages (``StringIndexerModel``, ``ImputerModel``, ``Bucketizer``,
+    ``VectorAssembler``) resolve each input with ``dataset(c)``; with the check on, each of
+    those scans the plan's output to tag the column, so n columns over a plan of m cost
+    n x m: at 10,000 columns minutes of driver time before a row is read. Only plan
+    building is affected: a plan built inside runs the same outside. The blocks of a
+    process run one at a time (a re-entrant lock: a stage inside a block may open its
+    own), so concurrent ones cannot leave the check off. What the block gives up: an
+    ambiguous self-join of a frame built inside goes undetected (and so does one another
+    thread analyses meanwhile). Where the session refuses the setting, the block runs
+    with the check as it is (slow at width, the same result).
+
+    Examples
+    --------
+    >>> with wide_plans(spark):
+    ...     scored = model.transform(rows)   # doctest: +SKIP
+    """
+    conf = spark.conf
+    with _SELF_JOIN_LOCK:
+        before = conf.get(SELF_JOIN_CHECK, None)
+        try:
+            conf.set(SELF_JOIN_CHECK, "false")
+        except Exception:  # a session that refuses the setting: plans built as they are
+            yield
+            return
+        try:
+            yield
+        finally:
+            if before is None:
+                conf.unset(SELF_JOIN_CHECK)
+            else:
+                conf.set(SELF_JOIN_CHECK, before)
 
 
 class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, DefaultParamsReadable,
@@ -129,13 +168,8 @@ class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, D
     on, each of those scans the plan's output to tag the column with its position, so
     assembling n columns costs n x n: at 10,000 columns 83 s of driver time before any row
     is read, against 12 s with the check off (``bench/RESULTS.md``). This stage runs MLlib's
-    own transform with the check off for the session while it builds the plan (one
-    assembler at a time in a process, under a lock, so concurrent ones cannot leave it
-    off), then puts the setting back as it was. What that changes: the frame it returns is
-    not tagged, so an ambiguous self-join of that very frame would go undetected (the
-    pipeline's later stages build tagged frames over it), and so would one another thread
-    of the session analyses during the window. Where the session refuses the setting, the
-    stage is MLlib's assembler unchanged, slow at width but the same output.
+    own transform inside :func:`wide_plans` (what that gives up is said there), so a saved
+    pipeline assembles fast at width wherever it is loaded.
 
     Examples
     --------
@@ -157,17 +191,5 @@ class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, D
     def _transform(self, dataset: DataFrame) -> DataFrame:
         assembler = VectorAssembler(inputCols=self.getInputCols(), outputCol=self.getOutputCol(),
                                     handleInvalid=self.getHandleInvalid())
-        conf = dataset.sparkSession.conf
-        with _SELF_JOIN_LOCK:
-            before = conf.get(SELF_JOIN_CHECK, None)
-            try:
-                conf.set(SELF_JOIN_CHECK, "false")
-            except Exception:  # a session that refuses the setting: MLlib's assembler as it is
-                return assembler.transform(dataset)
-            try:
-                return assembler.transform(dataset)
-            finally:
-                if before is None:
-                    conf.unset(SELF_JOIN_CHECK)
-                else:
-                    conf.set(SELF_JOIN_CHECK, before)
+        with wide_plans(dataset.sparkSession):
+            return assembler.transform(dataset)

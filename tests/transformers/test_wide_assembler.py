@@ -1,6 +1,7 @@
 """WideAssembler: MLlib's VectorAssembler output, rows and ML attributes alike, its plan built
 at a cost linear in the columns, Spark's settings left as they were, and saved through the
 allow-list."""
+import contextlib
 import math
 
 import pytest
@@ -10,6 +11,20 @@ from pyspark.sql import functions as F
 
 from sparkdeep import model_store
 from sparkdeep.transformers.columns import SELF_JOIN_CHECK, WideAssembler
+
+
+@contextlib.contextmanager
+def _check_on(spark):
+    """The self-join check set on for the block, then put back as the session had it."""
+    before = spark.conf.get(SELF_JOIN_CHECK, None)
+    spark.conf.set(SELF_JOIN_CHECK, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(SELF_JOIN_CHECK)
+        else:
+            spark.conf.set(SELF_JOIN_CHECK, before)
 
 
 def _mixed(spark):
@@ -39,16 +54,10 @@ def test_the_self_join_setting_is_put_back_as_it_was(spark):
     before = conf.get(SELF_JOIN_CHECK, None)
     WideAssembler(inputCols=cols, outputCol="v").transform(df)
     assert conf.get(SELF_JOIN_CHECK, None) == before
-    conf.set(SELF_JOIN_CHECK, "true")
-    try:
+    with _check_on(spark):
         with pytest.raises(Exception, match="nope"):  # a failing transform restores it too
             WideAssembler(inputCols=["nope"], outputCol="v").transform(df)
         assert conf.get(SELF_JOIN_CHECK) == "true"
-    finally:
-        if before is None:
-            conf.unset(SELF_JOIN_CHECK)
-        else:
-            conf.set(SELF_JOIN_CHECK, before)
 
 
 def test_invalid_values_fail_as_mllibs_do(spark):
@@ -77,3 +86,21 @@ def test_a_wide_frame_builds_flat_and_saves_through_the_allow_list(spark, tmp_pa
     assert [type(s).__name__ for s in back.stages] == ["WideAssembler"]
     first = back.transform(df).where("key = 3").first()
     assert len(first.v) == n and first.v[7] == 3 * 7 + 0.5
+
+
+def test_wide_plans_nests_and_puts_the_setting_back(spark):
+    from sparkdeep.transformers.columns import wide_plans
+    conf = spark.conf
+    with _check_on(spark):
+        df, cols = _mixed(spark)
+        with wide_plans(spark):
+            assert conf.get(SELF_JOIN_CHECK) == "false"
+            # A stage opening its own block inside one (WideAssembler) neither blocks nor resets it.
+            out = WideAssembler(inputCols=cols, outputCol="v").transform(df)
+            assert conf.get(SELF_JOIN_CHECK) == "false"
+        assert conf.get(SELF_JOIN_CHECK) == "true"
+        assert out.count() == 12
+        with pytest.raises(ZeroDivisionError):
+            with wide_plans(spark):
+                1 / 0
+        assert conf.get(SELF_JOIN_CHECK) == "true"
