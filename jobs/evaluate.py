@@ -11,6 +11,7 @@ import sys
 from pyspark.sql import functions as F
 
 from sparkdeep import runs, tasks, tracking
+from sparkdeep.registry import Tables
 from sparkdeep.pipelines import evaluate as ev
 from sparkdeep.pipelines import report as rp
 
@@ -24,8 +25,8 @@ KERAS = "keras_horovod"
 
 
 def step(spark, cfg, paths, run) -> dict:
-    keras_pred = run.read(spark, "predictions")
-    baseline_pred = run.read(spark, "baseline_predictions")
+    keras_pred = run.read(spark, Tables.PREDICTIONS)
+    baseline_pred = run.read(spark, Tables.BASELINE_PREDICTIONS)
     task = ev.task_of(keras_pred)
     if ev.task_of(baseline_pred) != task:
         raise ValueError(f"predictions is a {task} table but baseline_predictions a "
@@ -46,9 +47,9 @@ def step(spark, cfg, paths, run) -> dict:
     counts = {
         "ingest": {"in": reports["ingest"].get("rows_in"), "usable": reports["ingest"].get("rows_usable"),
                    "rejected": reports["ingest"].get("rows_rejected")},
-        "prepare": {"train": reports["prepare"].get("rows_train"),
-                    "train_prepared": reports["prepare"].get("rows_train_prepared"),
-                    "holdout": reports["prepare"].get("rows_holdout")},
+        "prepare": {Tables.TRAIN: reports["prepare"].get("rows_train"),
+                    Tables.TRAIN_PREPARED: reports["prepare"].get("rows_train_prepared"),
+                    Tables.HOLDOUT: reports["prepare"].get("rows_holdout")},
         "train": {"in": reports["train"].get("rows_in")},
         "score": {"in": reports["score"].get("rows_in"), "out": reports["score"].get("rows_out_predictions")},
     }
@@ -70,7 +71,7 @@ def step(spark, cfg, paths, run) -> dict:
     keras = metrics[KERAS]
     gate = result["gate"] = ev.check_gate(keras, cfg.gate, runs.read_latest(paths), task)
     # The task goes with the metrics into latest.json: the next gate compares like with like.
-    pointer = run.promote({**keras, "task": task}, evaluated="predictions")
+    pointer = run.promote({**keras, "task": task}, evaluated=Tables.PREDICTIONS)
     result["promoted"] = pointer is not None
     print(f"[evaluate] quality gate passed ({gate['metric']}={gate['value']:.4f}); " +
           (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from sparkdeep import delta_io, names
+from sparkdeep.registry import Models, Tables
 from sparkdeep.pipelines import prepare as prep
 from sparkdeep.transformers.columns import wide_plans
 
@@ -24,7 +25,7 @@ def step(spark, cfg, paths, run) -> dict:
     # Before any write or fit: an empty split, or a column no stage can learn from, is named
     # here, not minutes later deep in a fit or in evaluate.
     profile = prep.column_profile(train, categorical, numeric)
-    for part, empty in (("holdout", holdout.limit(1).count() == 0), ("training split", profile["rows"] == 0)):
+    for part, empty in ((Tables.HOLDOUT, holdout.limit(1).count() == 0), ("training split", profile["rows"] == 0)):
         if empty:
             raise ValueError(f"the {part} is empty: {table.count()} usable rows in {spec.table!r} and "
                              f"prepare.holdout_fraction {cfg.prepare.holdout_fraction}; use more rows (is "
@@ -37,8 +38,8 @@ def step(spark, cfg, paths, run) -> dict:
         print(f"[prepare] ... and {len(left_out) - LISTED} more columns left out (all in the prepare report)", flush=True)
     if not categorical and not numeric:
         raise ValueError(f"no usable feature column in {spec.table!r}: every one is left out ({left_out})")
-    train_ref = run.write(train, "train")
-    holdout_ref = run.write(holdout, "holdout")
+    train_ref = run.write(train, Tables.TRAIN)
+    holdout_ref = run.write(holdout, Tables.HOLDOUT)
     train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
 
     pipeline = prep.build_prepare_pipeline(
@@ -52,8 +53,8 @@ def step(spark, cfg, paths, run) -> dict:
     with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
         model = pipeline.fit(train)
         prepared = prep.prepared_training_data(model, train, key)
-    run.save_model(model, "prepare")
-    prepared_ref = run.write(prepared.repartition(4), "train_prepared")
+    run.save_model(model, Models.PREPARE)
+    prepared_ref = run.write(prepared.repartition(4), Tables.TRAIN_PREPARED)
     rows_train = profile["rows"] if prep.sampler_of(model) is None else None
     train.unpersist()
 
@@ -64,8 +65,8 @@ def step(spark, cfg, paths, run) -> dict:
         "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
         "dataset": spec.name, "task": spec.task,
         "tables": {spec.table: run.inputs[spec.table],
-                   "train": train_ref.as_dict(), "holdout": holdout_ref.as_dict(),
-                   "train_prepared": prepared_ref.as_dict()},
+                   Tables.TRAIN: train_ref.as_dict(), Tables.HOLDOUT: holdout_ref.as_dict(),
+                   Tables.TRAIN_PREPARED: prepared_ref.as_dict()},
     })
     how = "after rebalancing" if s.get("stage") else "(not rebalanced)"
     print(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} {how}; holdout {report['rows_holdout']}",

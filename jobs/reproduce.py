@@ -14,6 +14,7 @@ import json
 import sys
 
 from sparkdeep.config import ConfigError, default_conf_dir, load_config
+from sparkdeep.registry import Models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         from sparkdeep.storage import Storage
         st = Storage(spark)
         if st.exists(model) and not st.is_dir(model):  # a models/latest.json pointer
-            model = st.read_json(model)["models"]["pipeline"]["path"]
+            model = st.read_json(model)["models"][Models.PIPELINE]["path"]
         inputs = lineage.training_inputs(spark, model)
         table = args.table or inputs["trained_on"]
         if table not in inputs["tables"]:

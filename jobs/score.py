@@ -10,6 +10,7 @@ import sys
 from pyspark import StorageLevel
 
 from sparkdeep import delta_io, model_store
+from sparkdeep.registry import Models, Tables
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines.evaluate import classes_of, predictions_frame
 from sparkdeep.transformers.columns import wide_plans
@@ -19,14 +20,14 @@ from sparkdeep.jobs._common import main_for
 
 def step(spark, cfg, paths, run) -> dict:
     spec = cfg.dataset
-    holdout = run.read(spark, "holdout")
+    holdout = run.read(spark, Tables.HOLDOUT)
     classes = classes_of(holdout) if spec.task == "multiclass" else None
-    out = {"holdout_version": run.inputs["holdout"]["version"], "rows_in": holdout.count(), "tables": {}}
-    for name, table in (("pipeline", "predictions"), ("baseline", "baseline_predictions")):
+    out = {"holdout_version": run.inputs[Tables.HOLDOUT]["version"], "rows_in": holdout.count(), "tables": {}}
+    for name, table in ((Models.PIPELINE, Tables.PREDICTIONS), (Models.BASELINE, Tables.BASELINE_PREDICTIONS)):
         model = model_store.load_pipeline(spark, run.model_input(name))
         with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
             scored = model.transform(holdout)
-        if name == "pipeline":
+        if name == Models.PIPELINE:
             frame = predictions_frame(scored, "keras", key=spec.key_column, task=spec.task, classes=classes)
         else:
             names = bl.names_in(model)

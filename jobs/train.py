@@ -14,6 +14,7 @@ import sys
 from pyspark.ml import PipelineModel
 
 from sparkdeep import lineage, model_store, tracking
+from sparkdeep.registry import Models, Tables
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines import train as tr
 from sparkdeep.pipelines.evaluate import classes_of
@@ -49,9 +50,9 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     weights or final metrics are not finite, so such a model is never saved.
     """
     run = run or StepRun.adhoc(paths, "train")
-    train = run.read(spark, "train_prepared")
-    version = run.inputs["train_prepared"]["version"]
-    prepare_model = model_store.load_pipeline(spark, run.model_input("prepare"))
+    train = run.read(spark, Tables.TRAIN_PREPARED)
+    version = run.inputs[Tables.TRAIN_PREPARED]["version"]
+    prepare_model = model_store.load_pipeline(spark, run.model_input(Models.PREPARE))
 
     t = cfg.train
     task = cfg.dataset.task
@@ -69,7 +70,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     tr.check_finite(keras_model)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
     b = cfg.baselines
-    baseline, fit_s = bl.fit_pipeline(run.read(spark, "train"), prepare_model, task, seed=cfg.seed,
+    baseline, fit_s = bl.fit_pipeline(run.read(spark, Tables.TRAIN), prepare_model, task, seed=cfg.seed,
                                       names=tuple(b.models) or None, trees=b.trees, depth=b.depth,
                                       max_iter=b.max_iter)
     summary = keras_model.trainingSummary
@@ -95,17 +96,17 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
 def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:
     """The Delta versions behind the training table (from this run's prepare step when it
     wrote that version) and the training table's fingerprint; saved in the model."""
-    tables = {"train_prepared": run.inputs["train_prepared"]}
+    tables = {Tables.TRAIN_PREPARED: run.inputs[Tables.TRAIN_PREPARED]}
     prep = run.report_of("prepare") or {}
-    if (prep.get("tables", {}).get("train_prepared", {}).get("version") == tables["train_prepared"]["version"]):
-        tables.update({k: prep["tables"][k] for k in (source_table, "train", "holdout") if k in prep["tables"]})
-    return {"trained_on": "train_prepared", "tables": tables, "fingerprint": fingerprint, "run_id": run.run_id}
+    if (prep.get("tables", {}).get(Tables.TRAIN_PREPARED, {}).get("version") == tables[Tables.TRAIN_PREPARED]["version"]):
+        tables.update({k: prep["tables"][k] for k in (source_table, Tables.TRAIN, Tables.HOLDOUT) if k in prep["tables"]})
+    return {"trained_on": Tables.TRAIN_PREPARED, "tables": tables, "fingerprint": fingerprint, "run_id": run.run_id}
 
 
 def step(spark, cfg, paths, run) -> dict:
     keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
-    path = run.save_model(keras_pipeline, "pipeline")
-    run.save_model(baseline_pipeline, "baseline")
+    path = run.save_model(keras_pipeline, Models.PIPELINE)
+    run.save_model(baseline_pipeline, Models.BASELINE)
     report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path)
     if report["tracking"]:
         print(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}", flush=True)

@@ -30,22 +30,8 @@ from typing import Any, Mapping
 import yaml
 
 from sparkdeep import tasks
-
-
-class ConfigError(ValueError):
-    """A config key is unknown, has the wrong type, or a config file is missing/bad."""
-
-
-_SHOWN = 200  # characters of a value echoed in an error message
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a readable length: error messages stay one short line."""
-    return _cut(repr(value))
+from sparkdeep.dataset import load_spec
+from sparkdeep.typed_yaml import ConfigError, _cut, _yaml, shown  # noqa: F401 - ConfigError, shown: this module's API
 
 
 @dataclass(frozen=True)
@@ -228,21 +214,6 @@ def _is_local(path: str) -> bool:
 
 # -- loading -----------------------------------------------------------------------------
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases, so no document expands beyond its own size."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise ConfigError(f"line {mark.line + 1}: YAML aliases (*name) are not allowed in config; "
-                              "write the value out")
-        return super().compose_node(parent, index)
-
-
-def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
-
-
 def _merge(base: dict, over: Mapping, origins: dict, source: str, prefix: str = "") -> None:
     for key, value in over.items():
         dotted = f"{prefix}{key}"
@@ -416,7 +387,6 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
                           "lives in its own file, conf/datasets/<name>.yaml, chosen by data.dataset "
                           "(--dataset); change one of its keys with --set dataset.<key>=<value>")
     cfg = _build(Config, tree, "", origins)
-    from sparkdeep.dataset import load_spec
     spec = load_spec(cfg.data.dataset, conf_dir, spec_overrides)
     return dataclasses.replace(cfg, dataset=spec)
 

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sparkdeep import tasks
-from sparkdeep.config import ConfigError, _yaml
+from sparkdeep.typed_yaml import ConfigError, _yaml
 
 FORMATS = ("delta", "parquet", "csv", "json", "table", "builtin")
 TEXT_FORMATS = ("csv", "json")

@@ -17,6 +17,7 @@ import json
 from pyspark.sql import DataFrame, functions as F
 
 from sparkdeep import model_store
+from sparkdeep.registry import Tables
 
 
 def fingerprint(df: DataFrame) -> dict:
@@ -40,7 +41,7 @@ def training_inputs(spark, model_path: str) -> dict:
     return inputs
 
 
-def reproduce(spark, inputs: dict, table: str = "train_prepared") -> tuple[DataFrame, dict]:
+def reproduce(spark, inputs: dict, table: str = Tables.TRAIN_PREPARED) -> tuple[DataFrame, dict]:
     """The recorded version of ``table`` by time travel, checked against the recorded fingerprint."""
     from sparkdeep import delta_io
     ref = inputs["tables"][table]

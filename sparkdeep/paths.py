@@ -11,10 +11,11 @@ import hashlib
 from dataclasses import dataclass
 
 from sparkdeep import storage
+from sparkdeep.registry import Models
 from sparkdeep.storage import Storage
 
 #: The models a run writes, in the order its steps write them.
-MODELS = ("prepare", "pipeline", "baseline")
+MODELS = Models.ALL
 
 # Not a run id (those start with a letter or digit): models written outside a run.
 ADHOC = "_adhoc"

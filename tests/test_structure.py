@@ -35,3 +35,88 @@ def test_no_step_names_a_data_set():
             text = open(path).read().lower()
             for word in ("flight", "arr_delay", "diamond", "p_delayed"):
                 assert word not in text, f"{rel} mentions {word!r}"
+
+
+#: Where each source folder is installed (pyproject's package mapping).
+PACKAGES = {"sparkdeep": "sparkdeep", "jobs": "sparkdeep.jobs", "pipelines": "sparkdeep.pipelines",
+            "transformers": "sparkdeep.transformers"}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """{module: the project's modules it imports}, counting imports inside functions too (a
+    lazy import hides a loop from the interpreter, not from a reader)."""
+    mods = {}
+    for folder, pkg in PACKAGES.items():
+        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
+            name = os.path.basename(path)[:-3]
+            mods[pkg if name == "__init__" else f"{pkg}.{name}"] = (path, pkg)
+    graph = {}
+    for mod, (path, pkg) in mods.items():
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != mod and t not in PACKAGES.values():
+                    found.add(t)
+        graph[mod] = found
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    graph = module_graph()
+    assert "sparkdeep.config" in graph and "sparkdeep.dataset" in graph["sparkdeep.config"]
+
+    def reaches(start, goal, seen):
+        for nxt in graph[start]:
+            if nxt == goal:
+                return [nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                path = reaches(nxt, goal, seen)
+                if path:
+                    return [nxt] + path
+        return None
+
+    for mod in sorted(graph):
+        loop = reaches(mod, mod, set())
+        assert loop is None, "import loop: " + " -> ".join([mod] + loop)
+
+
+#: The run's methods that take a table or model name.
+NAMED = {"read", "write", "save_model", "model_input", "written_version", "written_model", "from_this_run",
+         "reproduce"}
+
+
+def test_table_and_model_names_come_from_the_registry():
+    from sparkdeep.registry import Models, Tables
+    names = set(Tables.ALL) | set(Models.ALL)
+    # Names that are only ever tables or models: refused anywhere as a literal.
+    unique = names - {"train", "prepare", "pipeline"}  # also step and command names
+    checked = 0
+    for folder in ("jobs", "pipelines", "sparkdeep"):
+        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
+            rel = os.path.relpath(path, REPO)
+            if rel == os.path.join("sparkdeep", "registry.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.Constant) and node.value in unique:
+                    raise AssertionError(f"{rel}:{node.lineno} names {node.value!r}: use sparkdeep.registry")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in NAMED:
+                    checked += 1
+                    args = list(node.args) + [k.value for k in node.keywords]
+                    lits = [a.value for a in args if isinstance(a, ast.Constant) and a.value in names]
+                    assert not lits, f"{rel}:{node.lineno} passes {lits[0]!r} to {node.func.attr}: use sparkdeep.registry"
+                if isinstance(node, ast.keyword) and node.arg == "evaluated" and isinstance(node.value, ast.Constant):
+                    raise AssertionError(f"{rel}:{node.value.lineno} names a table as a literal: use sparkdeep.registry")
+    assert checked > 10  # the check saw the steps' reads and writes
