@@ -103,6 +103,10 @@ BASELINES = {
     "regression": ("linear_regression", "gbt", "random_forest"),
 }
 
+#: The network's loss and training metrics per task (``train.loss``/``train.metrics`` override them).
+DEFAULT_LOSS = {"binary": "binary_crossentropy", "multiclass": "sparse_categorical_crossentropy",
+                "regression": "mse"}
+DEFAULT_METRICS = {"binary": ("auc", "accuracy"), "multiclass": ("accuracy",), "regression": ("rmse", "mae")}
 DEFAULT_GATE_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}
 
 

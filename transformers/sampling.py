@@ -90,11 +90,6 @@ def hash_uniform(h: Column) -> Column:
     return F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
 
 
-def row_uniform(columns: list[str], seed: int) -> Column:
-    """A deterministic value in [0, 1) per row from its values and ``seed``."""
-    return hash_uniform(row_hash(columns, seed))
-
-
 def hash_columns(schema: T.StructType, key_cols: list[str]) -> list[str]:
     """The columns that decide membership: ``key_cols`` when given, else every column.
     Checked here, on the driver: each exists and can be hashed."""

@@ -8,7 +8,7 @@ import pytest
 
 from sparkdeep import delta_io, lineage
 from sparkdeep.config import load_config
-from sparkdeep.jobs.train import checkpoint_key
+from sparkdeep.pipelines.train import checkpoint_key
 
 
 def test_a_recreated_table_at_the_same_version_gets_a_new_checkpoint_key(spark, repo_root, tmp_path):
