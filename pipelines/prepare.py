@@ -9,7 +9,7 @@ only) and the univariate test (ANOVA F for classes, F-regression for a number).
 """
 from __future__ import annotations
 
-from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml import PipelineModel
 from pyspark.ml.feature import (Bucketizer, OneHotEncoder, StandardScaler,
                                 StringIndexer, StringIndexerModel, VectorAssembler)
 from pyspark.sql import DataFrame
@@ -19,7 +19,8 @@ from sparkdeep import names
 from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
-from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, hash_uniform
+from sparkdeep.transformers.sampling import (ClassBalanceSampler, ClassBalanceSamplerModel, SamplingPipeline,
+                                             hash_uniform)
 from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
                                               VarianceSelector)
 
@@ -144,7 +145,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
                            pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
                            pca: bool = True, numeric_buckets: int = 0,
-                           originals: dict[str, str] | None = None) -> Pipeline:
+                           originals: dict[str, str] | None = None) -> SamplingPipeline:
     """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``.
     ``majority_ratio=0`` keeps every row (no class-balance sampler). The sampler decides membership by the row ``key`` alone, so a column added to the source
     later does not change the sample.
@@ -203,7 +204,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     if encoding == "onehot":
         stages.append(WideAssembler(inputCols=imp + ohe, outputCol="assembled", handleInvalid="error"))
         stages += reduce("assembled", FEATURES)
-        return Pipeline(stages=stages)
+        return SamplingPipeline(stages=stages)
     inputs = []
     if numeric:
         stages.append(WideAssembler(inputCols=imp, outputCol="numeric", handleInvalid="error"))
@@ -215,7 +216,7 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
         stages.append(QuantileBinner(inputCols=imp, outputCols=bins, numBuckets=int(numeric_buckets),
                                      handleInvalid="keep"))
     stages.append(WideAssembler(inputCols=inputs + idx + bins, outputCol=FEATURES, handleInvalid="error"))
-    return Pipeline(stages=stages)
+    return SamplingPipeline(stages=stages)
 
 
 def embedding_layout(model: PipelineModel) -> dict | None:

@@ -1,12 +1,14 @@
 """Downsampling stages: uniform, stratified (exact counts) and class rebalancing.
 
 Every sampler is an Estimator. Fitting decides which rows a sample keeps; the fitted
-model applies it. **Sampling is for training only**: a fitted sampler model samples in
-exactly two cases, ``model.sample(df)`` (explicit) and the single ``transform`` call
-that ``Pipeline.fit`` makes, right after fitting it, on the very DataFrame it was fitted
-on (so the stages after it are fitted on the sample). Every other ``transform`` - a
-sampler fitted on its own, a loaded model, a ``PipelineModel`` scoring new or old data -
-passes every row through unchanged, so a user cannot lose rows to score by accident.
+model applies it. **Sampling is for training only, and always asked for by name**:
+``model.sample(df)`` samples; ``model.transform(df)`` passes every row through
+unchanged, always (a sampler fitted on its own, a loaded model, a ``PipelineModel``
+scoring new or old data), so a user cannot lose rows to score by accident. To fit the
+stages after a sampler on its sample, fit them with :class:`SamplingPipeline`: it fits
+the sampler, calls its ``sample`` for the next stage, and returns a plain
+``PipelineModel`` (which then scores every row). MLlib's ``Pipeline`` fits the later
+stages on every row, as it would with any transformer.
 
 Membership is decided by a 64-bit hash of the row's values and the seed, never by a
 random stream: the same seed and input give the same sample whatever the partitioning.
@@ -30,7 +32,7 @@ import math
 from typing import Any
 
 from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
+from pyspark.ml import Estimator, Model, Pipeline, PipelineModel, Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasLabelCol, HasSeed, HasWeightCol
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
@@ -227,7 +229,7 @@ def _unhashable(dtype: T.DataType) -> bool:
 # -- the training-only contract, shared by every sampler model ----------------------------
 
 class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
-    """Passes rows through on ``transform`` except inside the ``Pipeline.fit`` that made it."""
+    """Samples on ``sample``; passes every row through on ``transform``."""
 
     hashCols = Param(Params._dummy(), "hashCols", "columns whose values decide row membership",
                      typeConverter=TypeConverters.toListString)
@@ -236,7 +238,6 @@ class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
 
     def __init__(self, hashCols: list[str] | None = None, plan: dict | None = None):
         super().__init__()
-        self._armed_for: DataFrame | None = None
         self._setDefault(hashCols=[], plan="{}")
         kwargs: dict = {}
         if hashCols is not None:
@@ -248,9 +249,6 @@ class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
     @property
     def _plan(self) -> dict:
         return json.loads(self.getOrDefault(self.plan))
-
-    def _arm(self, dataset: DataFrame) -> None:
-        self._armed_for = dataset
 
     def _hash(self, dataset: DataFrame, seed: int) -> Column:
         cols = self.getOrDefault(self.hashCols)
@@ -270,31 +268,46 @@ class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
         raise NotImplementedError
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        armed, self._armed_for = self._armed_for, None
-        if armed is not None and dataset is armed:
-            return self.sample(dataset)
         return dataset
 
 
-def _inside_pipeline_fit(max_depth: int = 12) -> bool:
-    """True when a ``pyspark.ml.Pipeline`` is fitting us (it then transforms once for the
-    next stage). A sampler fitted on its own never samples on ``transform``."""
-    import sys
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "_fit" and frame.f_globals.get("__name__") == "pyspark.ml.pipeline":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _finish(estimator: Estimator, model: _SamplerModel, dataset: DataFrame) -> _SamplerModel:
+def _finish(estimator: Estimator, model: _SamplerModel) -> _SamplerModel:
     estimator._copyValues(model)
-    if _inside_pipeline_fit():
-        model._arm(dataset)
     return model
+
+
+class SamplingPipeline(Pipeline):
+    """MLlib's ``Pipeline`` that fits the stages after a sampler on the sampler's sample.
+
+    Fitting goes stage by stage as ``Pipeline.fit`` does (a transformer transforms, an
+    estimator fits, its model transforms for the next stage), except that a fitted
+    sampler hands the next stage ``model.sample(rows)``. The result is a plain
+    ``PipelineModel``: its sampler passes every row through when it scores.
+
+    Examples
+    --------
+    >>> pipe = SamplingPipeline(stages=[ClassBalanceSampler(labelCol="label"), scaler])  # doctest: +SKIP
+    >>> model = pipe.fit(train)    # the scaler is fitted on the rebalanced sample  # doctest: +SKIP
+    >>> model.transform(train).count() == train.count()  # doctest: +SKIP
+    True
+    """
+
+    def _fit(self, dataset: DataFrame) -> PipelineModel:
+        stages = self.getStages()
+        for stage in stages:
+            if not isinstance(stage, (Estimator, Transformer)):
+                raise TypeError(f"SamplingPipeline: {stage!r} is neither an Estimator nor a Transformer")
+        last = max((i for i, s in enumerate(stages) if isinstance(s, Estimator)), default=-1)
+        fitted = []
+        for i, stage in enumerate(stages):
+            if i > last:
+                fitted.append(stage)
+                continue
+            model = stage if isinstance(stage, Transformer) else stage.fit(dataset)
+            fitted.append(model)
+            if isinstance(stage, Transformer) or i < last:
+                dataset = model.sample(dataset) if isinstance(model, _SamplerModel) else model.transform(dataset)
+        return PipelineModel(fitted)
 
 
 class _HasKeyCols(Params):
@@ -353,7 +366,7 @@ class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultPa
             if n > rows:
                 raise ValueError(f"targetCount={n} is more than the {rows} rows of the input")
             plan = {"mode": "count", "threshold": thresholds[_ALL], "rows_in": rows, "rows_out": n, "ties": ties}
-        return _finish(self, UniformSamplerModel(hashCols=cols, plan=plan), dataset)
+        return _finish(self, UniformSamplerModel(hashCols=cols, plan=plan))
 
 
 class UniformSamplerModel(_SamplerModel, _UniformParams):
@@ -489,7 +502,7 @@ class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, Def
                 "shortfall": shortfall, "ties": ties,
                 "rows_in": sum(sizes.values()),
                 "rows_unlisted_strata": sum(n for s, n in sizes.items() if s not in targets)}
-        return _finish(self, StratifiedSamplerModel(hashCols=cols, plan=plan), dataset)
+        return _finish(self, StratifiedSamplerModel(hashCols=cols, plan=plan))
 
 
 class StratifiedSamplerModel(_SamplerModel, _StratifiedParams):
@@ -586,7 +599,7 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
                  for c in sorted(counts, key=str)]
         model = ClassBalanceSamplerModel(hashCols=cols, plan={"classes": stats, "skipped_null_label": nulls,
                                                               "ties": ties})
-        return _finish(self, model, dataset)
+        return _finish(self, model)
 
 
 class ClassBalanceSamplerModel(_SamplerModel, _ClassBalanceParams):

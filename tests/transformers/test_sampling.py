@@ -1,3 +1,5 @@
+import json
+import os
 import subprocess
 import sys
 
@@ -7,7 +9,7 @@ from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import functions as F
 
-from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel
+from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, SamplingPipeline
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +48,56 @@ def test_sample_is_the_same_whatever_the_partitioning(digits):
     assert sorted(r["id"] for r in other_seed.sample(digits).select("id").collect()) != ids[0]
 
 
-def test_pipeline_fits_later_stages_on_sample_but_scores_every_row(digits):
-    pipe = Pipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1),
-                            VectorAssembler(inputCols=["px1", "px2"], outputCol="v"),
-                            _RowCounter()])
+def test_sampling_pipeline_fits_later_stages_on_sample_but_scores_every_row(digits):
+    pipe = SamplingPipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1),
+                                    VectorAssembler(inputCols=["px1", "px2"], outputCol="v"),
+                                    _RowCounter()])
     fitted = pipe.fit(digits)
+    assert type(fitted) is PipelineModel
     sampler = fitted.stages[0]
     assert fitted.stages[2].rows_seen == sampler.summary["rows_out"] < digits.count()
     # Scoring with the fitted pipeline, even on the very training DataFrame, loses nothing.
     assert fitted.transform(digits).count() == digits.count()
     assert fitted.transform(digits).count() == digits.count()
+
+
+def test_mllibs_pipeline_and_transform_never_sample(digits):
+    """Who calls makes no difference: MLlib's Pipeline fits the later stages on every row,
+    and a fitted sampler's transform passes every row, even on the rows it was fitted on."""
+    fitted = Pipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1), _RowCounter()]).fit(digits)
+    assert fitted.stages[1].rows_seen == digits.count() > fitted.stages[0].summary["rows_out"]
+    model = ClassBalanceSampler(labelCol="label", seed=1).fit(digits)
+    assert model.transform(digits).count() == digits.count()
+    assert model.sample(digits).count() == model.summary["rows_out"]
+
+
+FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "prepare_model_2026_12")
+
+
+def test_a_prepare_model_saved_before_the_explicit_api_scores_and_samples_the_same(spark):
+    """A fitted prepare pipeline saved on 2026-12-02 (while Pipeline.fit still made the sampler
+    sample through a look at its caller): loaded, it transforms, samples and prepares as
+    then; and fitting the same pipeline now gives the same features."""
+    from sparkdeep import model_store
+    from sparkdeep.pipelines import prepare as prep
+    expected = json.load(open(os.path.join(FIXTURE, "expected.json")))
+    df = spark.createDataFrame([tuple(r) for r in expected["rows"]],
+                               "key string, label double, x double, c string, y double")
+
+    def features(frame, *extra):
+        return sorted([[r.key, list(map(float, r.features)), *[r[c] for c in extra]] for r in frame.collect()])
+
+    model = model_store.load_pipeline(spark, os.path.join(FIXTURE, "model"))
+    # Exact: the same stages on the same rows (JSON keeps a double's every digit).
+    assert features(model.transform(df)) == expected["transformed"]
+    assert sorted(r.key for r in prep.sampler_of(model).sample(df).collect()) == expected["sampled_keys"]
+    assert features(prep.prepared_training_data(model, df, "key"), "sample_weight") == expected["prepared"]
+    refit = prep.build_prepare_pipeline(task="binary", categorical=["c"], numeric=["x", "y"], key="key",
+                                        majority_ratio=2.0, selector_top_fraction=1.0, pca_k=0, seed=7,
+                                        encoding="embedding", pca=False, numeric_buckets=3).fit(df)
+    again = features(refit.transform(df))  # a new fit: sums may add in another order, to the last digit
+    assert [k for k, _ in again] == [k for k, _ in expected["transformed"]]
+    assert np.allclose([v for _, v in again], [v for _, v in expected["transformed"]], rtol=1e-9, atol=1e-12)
 
 
 def test_saved_and_loaded_model_passes_every_row_in_new_process(digits, tmp_path, spark):
