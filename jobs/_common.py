@@ -9,15 +9,18 @@ session and a one-line reason with an exit status on failure.
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 import time
 import traceback
 from typing import Callable
 
-from sparkdeep import progress, storage
+from sparkdeep import logs, progress, storage
 from sparkdeep.config import Config, ConfigError, default_conf_dir, load_config
+from sparkdeep.errors import error_line
 from sparkdeep.paths import Paths
-from sparkdeep.runs import StepRun
+from sparkdeep.runs import AdhocStep, StepRun
+
+log = logging.getLogger(__name__)
 
 Step = Callable[..., dict]
 
@@ -50,7 +53,16 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
                         "non-local output folder (a local folder's lock dies with its process; a lock left by "
                         "a run on this host is taken over without this)")
     p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_verbosity(p)
     return p
+
+
+def add_verbosity(p: argparse.ArgumentParser) -> None:
+    """``--quiet`` and ``--verbose`` (:func:`sparkdeep.logs.verbosity`)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="print only warnings and errors (sparkdeep's and Spark's own)")
+    g.add_argument("-v", "--verbose", action="store_true", help="print debug lines too, and Spark's INFO log")
 
 
 EPILOG = """exit status: 0 done (or every step already done for this run id), 1 a step failed,
@@ -74,12 +86,12 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
     """Run one step in an existing session; time it and write its report.
 
     Without ``run`` (tests, notebooks) the step reads the latest table versions and writes
-    without idempotency keys; :func:`execute` passes the run's :class:`StepRun`.
+    without idempotency keys; :func:`execute` passes the run's :class:`~sparkdeep.runs.RunStep`.
     ``process_started`` (a job alone in its process) adds ``process_wall_s``, Spark's
     start-up included.
     """
-    run = run or StepRun.adhoc(paths, name)
-    print(f"[{name}] start" + (f" (run {run.run_id})" if run.run_id else ""), flush=True)
+    run = run or AdhocStep(paths, name)
+    log.info(f"[{name}] start" + (f" (run {run.run_id})" if run.run_id else ""))
     t0 = time.time()
     with progress.stage_progress(spark, name):
         report = step(spark, cfg, paths, run)
@@ -90,13 +102,19 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
     if process_started is not None:
         report["process_wall_s"] = round(time.time() - process_started, 2)
     run.save_report(report)
-    print(f"[{name}] done in {report['wall_s']:.1f}s", flush=True)
+    log.info(f"[{name}] done in {report['wall_s']:.1f}s")
     return report
 
 
 def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str) -> int:
     """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status."""
-    from sparkdeep.runs import OutputLocked, Run, error_line
+    with logs.verbosity(getattr(args, "quiet", False), getattr(args, "verbose", False)) as spark_level:
+        return _execute(names, steps, args, app_name, spark_level)
+
+
+def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str,
+             spark_level: str) -> int:
+    from sparkdeep.runs import OutputLocked, Run
     label = app_name.removeprefix("sparkdeep-")
     t0 = time.time()
     run = None
@@ -106,7 +124,7 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
         def session():
             from sparkdeep.session import builder
             spark = builder(cfg.spark, app_name=app_name).getOrCreate()
-            spark.sparkContext.setLogLevel("WARN")
+            spark.sparkContext.setLogLevel(spark_level)
             return spark
         # A local output folder is locked and its manifest read without a JVM (a run whose
         # steps are all done starts no Spark); an hdfs:// or s3a:// one needs Spark's
@@ -115,33 +133,32 @@ def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, 
         with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock,
                  break_lock=getattr(args, "break_lock", False)) as run:
             run.session = early
-            print(f"[{label}] run {run.run_id}: manifest {run.manifest.path}", flush=True)
+            log.info(f"[{label}] run {run.run_id}: manifest {run.manifest.path}")
             for i, n in enumerate(names, 1):
                 # Asked step by step: redoing one step can make a later one stale.
                 if not run.pending(n):
                     continue
                 if run.session is None:
                     run.session = session()
-                print(f"[{label}] step {i}/{len(names)}: {n}", flush=True)
+                log.info(f"[{label}] step {i}/{len(names)}: {n}")
                 step_run = run.start(n)
                 report = run_step(n, steps[n], run.session, cfg, run.paths, step_run,
                                   process_started=t0 if len(names) == 1 else None)
                 run.finish(step_run, report)
-            print(f"[{label}] run {run.run_id} {run.manifest.data['status']}: "
-                  f"{sum(run.manifest.done(n) for n in names)}/{len(names)} requested steps done", flush=True)
+            log.info(f"[{label}] run {run.run_id} {run.status}: "
+                     f"{sum(run.manifest.done(n) for n in names)}/{len(names)} requested steps done")
     except ConfigError as exc:
-        print(f"{label}: config error: {exc}", file=sys.stderr)
+        log.error(f"{label}: config error: {exc}")
         return 2
     except OutputLocked as exc:
-        print(f"{label}: {exc}", file=sys.stderr)
+        log.error(f"{label}: {exc}")
         return 3
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         if args.traceback:
             traceback.print_exc()
         step = run.current if run is not None else None
         lost = f" (and the manifest could not record it: {run.unrecorded})" if run and run.unrecorded else ""
-        print(f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}{lost}",
-              file=sys.stderr)
+        log.error(f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}{lost}")
         return 1
     return 0
 

@@ -7,10 +7,13 @@ runs each step as its own process instead (same run id), as a scheduler would.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 from sparkdeep import runs
 from sparkdeep.jobs._common import execute, parser
+
+log = logging.getLogger(__name__)
 
 # Step name -> its function, for every step of the one registry (sparkdeep.runs.STEPS).
 STEPS = {name: importlib.import_module(f"sparkdeep.jobs.{name}").step for name in runs.STEPS}
@@ -24,8 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
-        print(f"pipeline: config error: --steps names unknown steps {unknown}; known: {list(STEPS)}",
-              file=sys.stderr)
+        log.error(f"pipeline: config error: --steps names unknown steps {unknown}; known: {list(STEPS)}")
         return 2
     return execute(steps, STEPS, args, app_name="sparkdeep-pipeline")
 

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
+from sparkdeep import logs
 from sparkdeep.config import ConfigError, default_conf_dir, load_config
+from sparkdeep.jobs._common import add_verbosity
 from sparkdeep.registry import Models
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,13 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default=None, help="config overlay (for Spark settings)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key (repeatable)")
+    add_verbosity(p)
     args = p.parse_args(argv)
+    with logs.verbosity(args.quiet, args.verbose) as spark_level:
+        return _reproduce(args, spark_level)
+
+
+def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
     try:
         cfg = load_config(args.conf_dir, env=args.env, overrides=args.overrides)
         from sparkdeep import delta_io, lineage
         from sparkdeep.session import builder
         spark = builder(cfg.spark, app_name="sparkdeep-reproduce").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        spark.sparkContext.setLogLevel(spark_level)
         model = args.model
         from sparkdeep.storage import Storage
         st = Storage(spark)
@@ -50,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         df, info = lineage.reproduce(spark, inputs, table)
         if args.to:
             info["written_to"] = delta_io.write(df, args.to).as_dict()
-        print(json.dumps(info, sort_keys=True))
+        print(json.dumps(info, sort_keys=True))  # the answer itself, not a log line
     except ConfigError as exc:
-        print(f"reproduce: config error: {exc}", file=sys.stderr)
+        log.error(f"reproduce: config error: {exc}")
         return 2
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"reproduce: failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        log.error(f"reproduce: failed: {type(exc).__name__}: {first}")
         return 1
     return 0
 

@@ -7,57 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from pyspark import StorageLevel
-
-from sparkdeep import delta_io, model_store
-from sparkdeep.registry import Models, Tables
-from sparkdeep.pipelines import baselines as bl
-from sparkdeep.pipelines.evaluate import classes_of, predictions_frame
-from sparkdeep.transformers.columns import wide_plans
-
 from sparkdeep.jobs._common import main_for
-
-
-def step(spark, cfg, paths, run) -> dict:
-    spec = cfg.dataset
-    holdout = run.read(spark, Tables.HOLDOUT)
-    classes = classes_of(holdout) if spec.task == "multiclass" else None
-    out = {"holdout_version": run.inputs[Tables.HOLDOUT]["version"], "rows_in": holdout.count(), "tables": {}}
-    for name, table in ((Models.PIPELINE, Tables.PREDICTIONS), (Models.BASELINE, Tables.BASELINE_PREDICTIONS)):
-        model = model_store.load_pipeline(spark, run.model_input(name))
-        with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
-            scored = model.transform(holdout)
-        if name == Models.PIPELINE:
-            frame = predictions_frame(scored, "keras", key=spec.key_column, task=spec.task, classes=classes)
-        else:
-            names = bl.names_in(model)
-            if not names:
-                raise ValueError(f"the saved baseline model at {run.model_input(name)} holds no baseline "
-                                 "(saved before issue 13?): rerun the train step")
-            out["baselines"] = names
-            # One pass of the front and the models, whatever the number of baselines.
-            scored = scored.select(spec.key_column, *[c for c in scored.columns if c == "label" or c.endswith(
-                (bl.PREDICTION, bl.PROBABILITY, bl.RAW))]).persist(StorageLevel.MEMORY_AND_DISK)
-            frame = None
-            for b in names:
-                one = predictions_frame(bl.model_frame(scored, b, spec.task), b, key=spec.key_column,
-                                        task=spec.task, classes=classes)
-                frame = one if frame is None else frame.unionByName(one)
-        if spec.key and spec.key != spec.key_column:
-            # The key under the source's name, as the user knows it (Delta takes it with
-            # column mapping); the tables above keep the internal name.
-            frame = frame.withColumnRenamed(spec.key_column, spec.key)
-            ref = run.write(frame, table, column_mapping=True)
-        else:
-            ref = run.write(frame, table)
-        scored.unpersist()
-        out["tables"][table] = ref.as_dict()
-        out[f"rows_out_{table}"] = delta_io.read(spark, ref.path, ref.version).count()
-    print(f"[score] {out['rows_in']} holdout rows scored -> {out['rows_out_predictions']} predictions "
-          f"(keras), {out['rows_out_baseline_predictions']} ({len(out['baselines'])} baselines: "
-          f"{', '.join(out['baselines'])})", flush=True)
-    return out
-
+from sparkdeep.pipelines.score import score_step as step
 
 main = main_for("score", __doc__, step)
 

@@ -6,6 +6,7 @@ front, every assembled feature: what a user would fit instead (``pipelines/basel
 """
 from __future__ import annotations
 
+import logging
 import sys
 
 from sparkdeep import tracking
@@ -14,6 +15,8 @@ from sparkdeep.registry import Models
 
 from sparkdeep.jobs._common import main_for
 
+log = logging.getLogger(__name__)
+
 
 def step(spark, cfg, paths, run) -> dict:
     keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
@@ -21,7 +24,7 @@ def step(spark, cfg, paths, run) -> dict:
     run.save_model(baseline_pipeline, Models.BASELINE)
     report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path)
     if report["tracking"]:
-        print(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}", flush=True)
+        log.info(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}")
     return report
 
 

@@ -9,14 +9,17 @@ only) and the univariate test (ANOVA F for classes, F-regression for a number).
 """
 from __future__ import annotations
 
+import logging
+
 from pyspark.ml import PipelineModel
 from pyspark.ml.feature import (Bucketizer, OneHotEncoder, StandardScaler,
                                 StringIndexer, StringIndexerModel, VectorAssembler)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sparkdeep import names
-from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler
+from sparkdeep import delta_io, names
+from sparkdeep.registry import Columns, Models, Tables
+from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler, wide_plans
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
 from sparkdeep.transformers.sampling import (ClassBalanceSampler, ClassBalanceSamplerModel, SamplingPipeline,
@@ -24,9 +27,11 @@ from sparkdeep.transformers.sampling import (ClassBalanceSampler, ClassBalanceSa
 from sparkdeep.transformers.selection import (CorrelationSelector, SelectorModel, UnivariateSelector,
                                               VarianceSelector)
 
-LABEL = "label"
-WEIGHT = "sample_weight"
-FEATURES = "features"
+log = logging.getLogger(__name__)
+
+LABEL = Columns.LABEL
+WEIGHT = Columns.WEIGHT
+FEATURES = Columns.FEATURES
 #: The assemblers a fitted prepare model may hold (models saved before WideAssembler: MLlib's).
 ASSEMBLERS = (WideAssembler, VectorAssembler)
 
@@ -115,7 +120,7 @@ def usable_features(profile: dict, categorical, numeric, where: str = "") -> tup
 
 ENCODINGS = ("embedding", "onehot")
 #: The embedding layout's standardised numeric block (then the category indices).
-NUMERIC = "numeric_scaled"
+NUMERIC = Columns.NUMERIC
 
 
 def reduction_stages(source: str, last: str, *, label: str, classify: bool, selector_top_fraction: float,
@@ -303,3 +308,98 @@ def prepare_report(model: PipelineModel, rows_train: int | None = None,
         out["pca_explained_variance"] = out["pca"]["explained_variance"]
         out["pca_explained_variance_total"] = out["pca"]["explained_variance_total"]
     return out
+
+
+# -- the step (jobs/prepare.py runs it) ----------------------------------------
+
+#: How many per-column lines the console shows (the report has them all).
+LISTED = 20
+
+
+def prepare_step(spark, cfg, paths, run) -> dict:
+    spec = cfg.dataset
+    key = spec.key_column
+    table = run.read(spark, spec.table)
+    categorical, numeric = feature_columns(table, key)
+    originals = names.originals(table.schema)  # {internal: source name} of renamed columns
+    shown = {c: originals.get(c, c) for c in table.columns}  # every column, for names.display
+    train, holdout = split_train_holdout(table, cfg.prepare.holdout_fraction, cfg.seed, key)
+    # Before any write or fit: an empty split, or a column no stage can learn from, is named
+    # here, not minutes later deep in a fit or in evaluate.
+    profile = column_profile(train, categorical, numeric)
+    for part, empty in ((Tables.HOLDOUT, holdout.limit(1).count() == 0), ("training split", profile["rows"] == 0)):
+        if empty:
+            raise ValueError(f"the {part} is empty: {table.count()} usable rows in {spec.table!r} and "
+                             f"prepare.holdout_fraction {cfg.prepare.holdout_fraction}; use more rows (is "
+                             f"data.sample_fraction {cfg.data.sample_fraction} too small for this table?) or "
+                             "another holdout_fraction")
+    categorical, numeric, left_out = usable_features(profile, categorical, numeric, where=spec.file)
+    for c, why in list(left_out.items())[:LISTED]:
+        log.info(f"[prepare] left out {names.display(c, shown)!r}: {why}")
+    if len(left_out) > LISTED:
+        log.info(f"[prepare] ... and {len(left_out) - LISTED} more columns left out (all in the prepare report)")
+    if not categorical and not numeric:
+        raise ValueError(f"no usable feature column in {spec.table!r}: every one is left out ({left_out})")
+    train_ref = run.write(train, Tables.TRAIN)
+    holdout_ref = run.write(holdout, Tables.HOLDOUT)
+    train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
+
+    pipeline = build_prepare_pipeline(
+        task=spec.task, categorical=categorical, numeric=numeric, key=key,
+        majority_ratio=cfg.prepare.majority_ratio,
+        selector_top_fraction=cfg.prepare.selector_top_fraction,
+        max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
+        pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
+        encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets,
+        originals=originals)
+    with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
+        model = pipeline.fit(train)
+        prepared = prepared_training_data(model, train, key)
+    run.save_model(model, Models.PREPARE)
+    prepared_ref = run.write(prepared.repartition(4), Tables.TRAIN_PREPARED)
+    rows_train = profile["rows"] if sampler_of(model) is None else None
+    train.unpersist()
+
+    report = prepare_report(model, rows_train, shown)
+    s = report["sampler"]
+    report.update({
+        "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
+        "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
+        "dataset": spec.name, "task": spec.task,
+        "tables": {spec.table: run.inputs[spec.table],
+                   Tables.TRAIN: train_ref.as_dict(), Tables.HOLDOUT: holdout_ref.as_dict(),
+                   Tables.TRAIN_PREPARED: prepared_ref.as_dict()},
+    })
+    how = "after rebalancing" if s.get("stage") else "(not rebalanced)"
+    log.info(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} {how}; holdout {report['rows_holdout']}")
+    for sel in report["selection"]:
+        kept = sel["selected_names"]
+        log.info(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
+                 f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''})")
+    report["encoding"] = cfg.prepare.encoding
+    report["left_out"] = {names.display(c, shown): why for c, why in left_out.items()}
+    layout = embedding_layout(model)
+    if layout:
+        report["embedding_layout"] = _embedding_layout(layout, shown)
+    if "pca_k" in report:
+        total = report["pca_explained_variance_total"]
+        log.info(f"[prepare] CenteredPCA k={report['pca_k']} explains {total} of the variance: "
+                 f"{report.get('pca_explained_variance')}")
+        target = cfg.prepare.pca_variance_target
+        if total is not None and total < target:
+            report["warnings"] = [f"PCA keeps {total:.3f} of the variance, below prepare.pca_variance_target "
+                                  f"{target}: raise prepare.pca_k (0 = the smallest k reaching the target) or "
+                                  "turn PCA off (prepare.pca=false); bench/RESULTS.md has what it cost here"]
+            log.warning(f"[prepare] {report['warnings'][0]}")
+    return report
+
+
+def _embedding_layout(layout: dict, shown: dict) -> dict:
+    """The layout under the source's names, printed with at most LISTED columns."""
+    labels = names.display_all(layout["categorical"], shown)
+    bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
+    pairs = ", ".join(f"{c} {n}" for c, n in zip(labels[:LISTED], layout["cardinalities"][:LISTED]))
+    log.info(f"[prepare] embeddings for {len(labels) - bins} categorical columns and {bins} "
+             f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
+             + (f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else ""))
+    return {**layout, "categorical": labels}

@@ -27,8 +27,9 @@ from matplotlib.figure import Figure
 from pyspark.sql import Column, DataFrame, functions as F
 
 from sparkdeep import tasks
+from sparkdeep.registry import Columns
 
-from .evaluate import LABEL, PREDICTION, PROBABILITY
+LABEL, PREDICTION, PROBABILITY = Columns.LABEL, Columns.PREDICTION, Columns.PROBABILITY
 
 
 # -- data: small aggregates computed on Spark -------------------------------------------

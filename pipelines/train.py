@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 
 from pyspark.ml import PipelineModel
 from pyspark.ml.feature import IndexToString
-from pyspark.sql import DataFrame
 
 from sparkdeep import lineage, model_store
 from sparkdeep.registry import Models, Tables
-from sparkdeep.runs import StepRun
+from sparkdeep.runs import AdhocStep, StepRun
 from sparkdeep.tasks import DEFAULT_LOSS, DEFAULT_METRICS
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
 from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
@@ -26,6 +26,8 @@ from . import baselines as bl
 from .evaluate import check_finite as _check_finite
 from .evaluate import classes_of
 from .prepare import FEATURES, LABEL, WEIGHT, network_layout
+
+log = logging.getLogger(__name__)
 
 #: The scoring pipeline's column with the original class value (multiclass).
 PREDICTED_CLASS = "predicted_class"
@@ -126,7 +128,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     Raises :class:`~sparkdeep.pipelines.evaluate.QualityGateError` when the network's
     weights or final metrics are not finite, so such a model is never saved.
     """
-    run = run or StepRun.adhoc(paths, "train")
+    run = run or AdhocStep(paths, "train")
     train = run.read(spark, Tables.TRAIN_PREPARED)
     version = run.inputs[Tables.TRAIN_PREPARED]["version"]
     prepare_model = model_store.load_pipeline(spark, run.model_input(Models.PREPARE))
@@ -135,14 +137,13 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     task = cfg.dataset.task
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
-    forced = run.manifest is not None and (run.generation > 0 or run.manifest.data.get("forced"))
-    checkpoint_run = checkpoint_key(cfg, fingerprint, (run.run_id, run.generation) if forced else None)
+    checkpoint_run = checkpoint_key(cfg, fingerprint, (run.run_id, run.generation) if run.forced else None)
     layout = network_layout(prepare_model, train)
     estimator = keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                    checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"])
     if not t.batch_size:
-        print(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
-              f"(train.batch_size 0)", flush=True)
+        log.info(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
+                 f"(train.batch_size 0)")
     keras_model = estimator.fit(train)
     check_finite(keras_model)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
@@ -153,11 +154,11 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
     if timings:
-        print(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
-              f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
-              f"fit total {timings['fit_total']:.1f}s", flush=True)
-    print("[train] baselines on every assembled feature of every training row, fit time: " +
-          ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()), flush=True)
+        log.info(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
+                 f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
+                 f"fit total {timings['fit_total']:.1f}s")
+    log.info("[train] baselines on every assembled feature of every training row, fit time: " +
+             ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
               "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout,
                           "batch_size": estimator.getBatchSize(),

@@ -22,7 +22,12 @@ job=$1; shift
 export SPARKDEEP_CONF_DIR=${SPARKDEEP_CONF_DIR:-$ROOT/conf}
 pyfiles=$(bash "$ROOT/scripts/package.sh")
 python=${SPARKDEEP_PYTHON:-$ROOT/.venv/bin/python}
-exec spark-submit --jars "$(python -m sparkdeep.jars classpath)" --py-files "$pyfiles" \
+# Spark's own log from the start: WARN, start-up chatter off (a --driver-java-options given
+# in the options above replaces this one).
+quiet=()
+[[ -f $SPARKDEEP_CONF_DIR/log4j2.properties ]] && \
+  quiet=(--driver-java-options "-Dlog4j2.configurationFile=file://$SPARKDEEP_CONF_DIR/log4j2.properties")
+exec spark-submit "${quiet[@]}" --jars "$(python -m sparkdeep.jars classpath)" --py-files "$pyfiles" \
   --conf "spark.pyspark.python=$python" --conf "spark.pyspark.driver.python=$ROOT/.venv/bin/python" \
   --conf "spark.executorEnv.SPARKDEEP_CONF_DIR=$SPARKDEEP_CONF_DIR" \
   "${opts[@]}" "$ROOT/jobs/$job.py" "$@"

@@ -20,9 +20,6 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,7 +28,8 @@ import yaml
 
 from sparkdeep import tasks
 from sparkdeep.dataset import load_spec
-from sparkdeep.typed_yaml import ConfigError, _cut, _yaml, shown  # noqa: F401 - ConfigError, shown: this module's API
+from sparkdeep.registry import Choices
+from sparkdeep.typed_yaml import ConfigError, Fields, _cut, _yaml, shown  # noqa: F401 - ConfigError, shown: this module's API
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ class Config:
             ("prepare.encoding", self.prepare.encoding in ("embedding", "onehot")),
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
             ("train.normalization", self.train.normalization in ("layer", "batch", "none")),
-            ("train.lr_schedule", self.train.lr_schedule in ("constant", "cosine")),
+            ("train.lr_schedule", self.train.lr_schedule in Choices.LR_SCHEDULES),
             ("train.shuffle_buffer_rows", self.train.shuffle_buffer_rows >= 1),
             ("train.num_proc", self.train.num_proc >= 1),
             ("train.epochs", self.train.epochs >= 1),
@@ -156,7 +154,7 @@ class Config:
             ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
             ("train.early_stopping_patience", self.train.early_stopping_patience >= 0),
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
-            ("train.compression", self.train.compression in ("none", "fp16")),
+            ("train.compression", self.train.compression in Choices.COMPRESSIONS),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
             ("baselines.models", len(set(self.baselines.models)) == len(self.baselines.models) and all(
                 m in (tasks.BASELINES[task] if task else {n for v in tasks.BASELINES.values() for n in v})
@@ -259,71 +257,18 @@ def _read_dir(folder: Path, tree: dict, origins: dict, required: bool) -> None:
         _merge(tree, data, origins, str(path))
 
 
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    where = f"config key {key!r} (from {source})"
-    if value is None:
-        raise ConfigError(f"{where} has no value: it is required (set it there or with --set {key}=...)")
-    origin = typing.get_origin(tp)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true/false, got {shown(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {shown(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):  # YAML's .inf / .nan: no setting means "infinite"
-                raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-            return float(value)
-        raise ConfigError(f"{where}: expected a number, got {shown(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {shown(value)}")
-    if origin is tuple:
-        (item_tp, _) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {shown(value)}")
-        return tuple(_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value))
-    if origin in (Mapping, dict, typing.Mapping) or tp is dict or _is_mapping(origin):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
-        # Spark settings are strings on the JVM side whatever YAML made of them.
-        return types.MappingProxyType({str(k): str(v).lower() if isinstance(v, bool) else str(v)
-                                       for k, v in value.items()})
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
-        return _build(tp, value, key + ".", source_of=None, default_source=source)
-    raise ConfigError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
+#: The config's wording of the shared YAML-to-dataclass rules (sparkdeep.typed_yaml.Fields).
+_FIELDS = Fields(
+    error=ConfigError,
+    where=lambda key, source: f"config key {key!r} (from {source})",
+    unknown=lambda key, source, known: f"unknown config key {key!r} in {source} (known here: {known})",
+    missing=lambda key, source: (f"config key {key!r} is missing: every key has its default in "
+                                 "conf/base/*.yaml (an overlay or --set may change it, not remove it)"))
 
 
 def _build(cls: type, tree: Mapping, prefix: str, source_of: dict | None = None,
            default_source: str = "defaults") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        source = _source(source_of, dotted, default_source)
-        if key not in names:
-            known = ", ".join(sorted(names))
-            raise ConfigError(f"unknown config key {dotted!r} in {source} (known here: {known})")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"config key {dotted!r} (from {source}): expected a mapping, got {shown(value)}")
-            kwargs[key] = _build(tp, value, dotted + ".", source_of, default_source)
-        else:
-            kwargs[key] = _coerce(value, tp, dotted, source)
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"config key {prefix + missing[0]!r} is missing: every key has its default in "
-                          "conf/base/*.yaml (an overlay or --set may change it, not remove it)")
-    return cls(**kwargs)
+    return _FIELDS.build(cls, tree, prefix, lambda dotted: _source(source_of, dotted, default_source))
 
 
 def _source(origins: dict | None, dotted: str, default: str) -> str:
@@ -333,11 +278,6 @@ def _source(origins: dict | None, dotted: str, default: str) -> str:
         return origins[dotted]
     children = [v for k, v in origins.items() if k.startswith(dotted + ".")]
     return children[0] if children else default
-
-
-def _is_mapping(origin: Any) -> bool:
-    import collections.abc
-    return origin is collections.abc.Mapping
 
 
 def parse_override(text: str) -> tuple[str, Any]:

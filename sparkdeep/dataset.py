@@ -40,22 +40,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from sparkdeep import tasks
-from sparkdeep.typed_yaml import ConfigError, _yaml
+from sparkdeep.registry import Columns
+from sparkdeep.typed_yaml import ConfigError, Fields, _yaml
 
 FORMATS = ("delta", "parquet", "csv", "json", "table", "builtin")
 TEXT_FORMATS = ("csv", "json")
 
 #: The key column's name when the spec has no key: a stable id derived from the row.
-DERIVED_KEY = "row_id"
+DERIVED_KEY = Columns.KEY
 #: The label column every table below ingest holds (0/1, class index or target value).
-LABEL = "label"
+LABEL = Columns.LABEL
 #: Columns the pipeline creates; a source column may not take these names.
 RESERVED = ("label", "features", "sample_weight", "prediction", "probability", "rawPrediction",
             "assembled", "varying", "informative", "selected", "numeric", "numeric_scaled", "reason",
@@ -201,77 +200,18 @@ def _plain(value):
     return {str(k): _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
+#: The specs' wording of the shared YAML-to-dataclass rules (sparkdeep.typed_yaml.Fields), lenient:
+#: an empty string, list or mapping may be left null, one value stands for a list of one.
+_FIELDS = Fields(
+    error=SpecError,
+    where=lambda key, file: f"key {key!r} in dataset spec {file!r}",
+    unknown=lambda key, file, known: f"unknown key {key!r} in dataset spec {file!r} (known here: {known})",
+    missing=lambda key, file: f"dataset spec {file!r} lacks the required key {key!r}",
+    lenient=True, skip=("file",))
+
+
 def _build(cls: type, tree: Mapping, prefix: str, file: str):
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "file"}
-    kwargs = {}
-    for key, value in tree.items():
-        dotted = prefix + key
-        if key not in fields:
-            raise SpecError(f"unknown key {dotted!r} in dataset spec {file!r} (known here: "
-                            f"{', '.join(sorted(fields))})")
-        kwargs[key] = _coerce(value, hints[key], dotted, file)
-    missing = [n for n, f in fields.items() if n not in kwargs
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise SpecError(f"dataset spec {file!r} lacks the required key {prefix + missing[0]!r}")
-    return cls(**kwargs)
-
-
-def _coerce(value, tp, key: str, file: str):
-    where = f"key {key!r} in dataset spec {file!r}"
-    args = typing.get_args(tp)
-    if type(None) in args:  # Optional[X]
-        if value is None:
-            return None
-        tp = next(a for a in args if a is not type(None))
-        args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {value!r}")
-        return _build(tp, value, key + ".", file)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if value is None:
-            return ""
-        raise SpecError(f"{where}: expected a string, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise SpecError(f"{where}: expected a whole number, got {value!r}")
-    if tp is float:
-        import math
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        raise SpecError(f"{where}: expected a finite number, got {value!r}")
-    if typing.get_origin(tp) is tuple:
-        if value is None:
-            value = []
-        if isinstance(value, (str, int, float, bool)):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise SpecError(f"{where}: expected a list, got {value!r}")
-        # Values (class names, positive labels) are compared as text; YAML's true/1 become "true"/"1".
-        out = []
-        for i, v in enumerate(value):
-            if isinstance(v, (Mapping, list, tuple)) or v is None:
-                raise SpecError(f"{where}[{i}]: expected a plain value, got {v!r}")
-            out.append(str(v).lower() if isinstance(v, bool) else str(v))
-        return tuple(out)
-    if typing.get_origin(tp) in (Mapping, dict) or tp is Mapping or _is_mapping(tp):
-        if value is None:
-            value = {}
-        if not isinstance(value, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {value!r}")
-        return types.MappingProxyType({str(k): str(v).lower() if isinstance(v, bool) else str(v)
-                                       for k, v in value.items()})
-    raise SpecError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
-
-
-def _is_mapping(tp) -> bool:
-    import collections.abc
-    return typing.get_origin(tp) is collections.abc.Mapping
+    return _FIELDS.build(cls, tree, prefix, lambda dotted: file)
 
 
 def validate(spec: DatasetSpec) -> None:

@@ -29,13 +29,16 @@ Failures end the run with a :class:`RankFailedError` naming the rank, never a ha
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
+
+log = logging.getLogger(__name__)
 
 _BEAT_ENV = "SPARKDEEP_HEARTBEAT"  # "host:port:token:interval_s", set for the ranks
 RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled partition
@@ -99,8 +102,11 @@ class _Channel:
                             channel.failures.append((rank, rest))
                     elif kind == "log":
                         try:
-                            out.write(rest + "\n")
-                            out.flush()
+                            if out is None:
+                                log.info(rest)
+                            else:
+                                out.write(rest + "\n")
+                                out.flush()
                         except Exception:  # noqa: BLE001 - a closed notebook stream must not kill training
                             pass
                     elif kind == "put":
@@ -200,7 +206,7 @@ class _Lines:
                 return
             except OSError:
                 self.close()
-        print(text, flush=True)
+        log.info(text)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -436,7 +442,8 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     ``stall_timeout``: seconds without a heartbeat from a started rank before the run is
     ended with an error naming it (0 = no watchdog). ``on_put(rank, name, data)``: called on
     the driver (a thread of its own) for each :func:`put` of a rank; what it raises is
-    raised in that rank.
+    raised in that rank. ``stdout``: a stream for the ranks' output lines (default: the
+    ``sparkdeep.distributed`` logger, at INFO).
 
     Raises
     ------
@@ -459,7 +466,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     if sc is None:
         raise RuntimeError("run_on_ranks needs an active SparkContext")
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-    out = stdout or sys.stdout
+    out = stdout  # None: the ranks' lines go to this module's logger
     rendezvous = RendezvousServer(verbose=0)
 
     def on_plan(plan: list) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
-from sparkdeep import fs
+from sparkdeep.storage import Storage
 
 
 class UnsafeModelError(ValueError):
@@ -74,7 +74,7 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     IsotonicRegression IsotonicRegressionModel AFTSurvivalRegression
     AFTSurvivalRegressionModel FMRegressor FMRegressionModel""") | _names("sparkdeep.transformers.sampling", """
     UniformSampler UniformSamplerModel StratifiedSampler StratifiedSamplerModel
-    ClassBalanceSampler ClassBalanceSamplerModel""") | _names("sparkdeep.transformers.selection", """
+    ClassBalanceSampler ClassBalanceSamplerModel SamplingPipeline""") | _names("sparkdeep.transformers.selection", """
     SelectorModel VarianceSelector VarianceSelectorModel MissingRateSelector
     MissingRateSelectorModel UnivariateSelector UnivariateSelectorModel CorrelationSelector
     CorrelationSelectorModel ModelImportanceSelector ModelImportanceSelectorModel""") | _names(
@@ -119,7 +119,7 @@ def check(spark: SparkSession, path: str) -> list[tuple[str, str]]:
         malformed metadata file, a class not in :data:`ALLOWED_CLASSES`, or a stage uid
         that would put the stage folder outside ``stages/``.
     """
-    local = fs.local_path(spark, path)
+    local = Storage(spark).local_path(path)
     if local is not None:
         _check_links(local)
     found: list[tuple[str, str]] = []

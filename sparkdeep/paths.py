@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass
 
 from sparkdeep import storage
+from sparkdeep.errors import error_line
 from sparkdeep.registry import Models
 from sparkdeep.storage import Storage
 
@@ -37,7 +38,7 @@ def write_json(path: str, data: dict) -> str:
     except OSError as exc:
         raise OutputWriteError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
     except Exception as exc:  # noqa: BLE001 - a Py4J error from the Hadoop FileSystem
-        raise OutputWriteError(None, f"cannot write {path}: {_first_line(exc)}") from exc
+        raise OutputWriteError(None, f"cannot write {path}: {error_line(exc, typed=False)}") from exc
     return path
 
 
@@ -47,17 +48,6 @@ def read_json(path: str):
         return Storage().read_json(path)
     except FileNotFoundError:
         return None
-
-
-def _first_line(exc: BaseException) -> str:
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            return str(java.toString()).splitlines()[0]
-        except Exception:  # noqa: BLE001
-            pass
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _walk_order(relative: str) -> tuple:

@@ -13,10 +13,13 @@ the time left) comes from the estimator itself.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
 from typing import Iterator
+
+log = logging.getLogger(__name__)
 
 INTERVAL_ENV = "SPARKDEEP_PROGRESS_INTERVAL_S"
 
@@ -50,8 +53,8 @@ def stage_progress(spark, label: str, interval_s: float | None = None) -> Iterat
                     if seen.get(sid) == state:
                         continue
                     seen[sid] = state
-                    print(f"[{label}] {_describe(info)}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                          f"{info.numActiveTasks} running, {time.time() - started[sid]:.0f}s", flush=True)
+                    log.info(f"[{label}] {_describe(info)}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                             f"{info.numActiveTasks} running, {time.time() - started[sid]:.0f}s")
             except Exception:  # noqa: BLE001 - progress must never break the step (e.g. session stopping)
                 return
 

@@ -21,3 +21,24 @@ class Models:
     PIPELINE = "pipeline"    # prepare + the network: the model that is promoted and served (train)
     BASELINE = "baseline"    # prepare's front + the MLlib baselines (train)
     ALL = (PREPARE, PIPELINE, BASELINE)
+
+
+class Columns:
+    """The columns the steps make and pass on, beside the source's own."""
+    KEY = "row_id"                      # ingest: the row id derived when the spec names no key
+    LABEL = "label"                     # ingest: the label, encoded for the task
+    WEIGHT = "sample_weight"            # prepare: the rebalancing weight
+    FEATURES = "features"               # prepare: the assembled vector the network trains on
+    NUMERIC = "numeric_scaled"          # prepare: the numbers, imputed, selected and scaled
+    PREDICTION = "prediction"           # score: a model's prediction (a class index or a value)
+    PROBABILITY = "probability"         # score: the class probabilities (classification)
+    MODEL = "model"                     # score: which model predicted the row
+    LABEL_CLASS = "label_class"         # score: the label's class name (multiclass)
+    PREDICTED_CLASS = "predicted_class"  # score: the predicted class name (multiclass)
+
+
+class Choices:
+    """The values a setting may take, said once: config checks them, the estimator checks
+    its params against them, the ranks act on them."""
+    LR_SCHEDULES = ("constant", "cosine")   # after warm-up: hold the rate, or decay it to 5%
+    COMPRESSIONS = ("none", "fp16")         # the gradients on the wire

@@ -54,9 +54,24 @@ def builder(conf: SparkConfig | None = None, *, app_name: str | None = None,
         settings["spark.jars.packages"] = delta_coordinate()
     settings.update(conf.settings)
     settings.update(extra or {})
+    if not launched_by_spark_submit():  # under spark-submit the driver's JVM is already running
+        settings.update(_quiet_start(settings))
     for key, value in settings.items():
         b = b.config(key, value)
     return b
+
+
+def _quiet_start(settings: Mapping[str, str]) -> dict:
+    """The driver's ``-Dlog4j2.configurationFile``: the config folder's ``log4j2.properties``
+    (WARN from the start, the start-up warnings that say nothing about the job at ERROR),
+    unless the settings already choose a log4j configuration or the folder has none."""
+    from .config import default_conf_dir
+    key = "spark.driver.extraJavaOptions"
+    options = settings.get(key, "")
+    path = default_conf_dir() / "log4j2.properties"
+    if "log4j" in options or not path.is_file():
+        return {}
+    return {key: f"{options} -Dlog4j2.configurationFile={path.resolve().as_uri()}".strip()}
 
 
 def launched_by_spark_submit() -> bool:

@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
 from urllib.parse import urlparse
 
+log = logging.getLogger(__name__)
+
 
 class LockHeldError(RuntimeError):
     """Another process holds the lock; the message names its owner and since when."""
+
+
+class ChecksumError(OSError):
+    """A file that does not match its Hadoop ``.crc`` side file: changed or corrupted."""
 
 
 def scheme(path: str) -> str:
@@ -172,14 +179,7 @@ class Storage:
         fs, p = self._fs(path)
         if not fs.exists(p):
             raise FileNotFoundError(f"no file at {path!r}")
-        stream = fs.open(p)
-        try:
-            jvm, _ = self._jvm()
-            out = jvm.java.io.ByteArrayOutputStream()
-            jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, out, 1 << 16, False)
-            return bytes(out.toByteArray())
-        finally:
-            stream.close()
+        return self._copy_out(fs, p)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` all at once: readers see the old file or the new one."""
@@ -220,6 +220,46 @@ class Storage:
         finally:
             out.close()
 
+    # -- checksummed files (a saved model's own files) ----------------------------------
+    def write_checked(self, path: str, data: bytes) -> None:
+        """Write through Hadoop's FileSystem even for a local path, so a ``.crc`` side file
+        is written beside the bytes and :meth:`read_checked` can tell a changed file."""
+        fs, p = self._fs(path)
+        self._put(fs, p, data, overwrite=True)
+
+    def read_checked(self, path: str) -> bytes:
+        """The whole file at ``path``, its ``.crc`` side file verified where there is one.
+
+        Raises FileNotFoundError (nothing at ``path``) or :class:`ChecksumError` (the bytes
+        do not match the side file: changed or corrupted after they were written)."""
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            raise FileNotFoundError(f"no file at {path!r}")
+        try:
+            return self._copy_out(fs, p)
+        except Exception as exc:  # Py4JJavaError wrapping org.apache.hadoop.fs.ChecksumException
+            if "ChecksumException" not in str(exc):
+                raise
+            raise ChecksumError(f"{path}: checksum failure (the file does not match its Hadoop .crc side "
+                                "file: it was changed or corrupted after it was written)") from None
+
+    def local_path(self, path: str) -> str | None:
+        """``path`` on the local file system (a relative path resolved as Hadoop does), or
+        None when it lives elsewhere (HDFS, S3...)."""
+        fs, p = self._fs(path)
+        uri = fs.makeQualified(p).toUri()
+        return str(uri.getPath()) if uri.getScheme() == "file" else None
+
+    def _copy_out(self, fs, p) -> bytes:
+        stream = fs.open(p)
+        try:
+            jvm, _ = self._jvm()
+            out = jvm.java.io.ByteArrayOutputStream()
+            jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, out, 1 << 16, False)
+            return bytes(out.toByteArray())
+        finally:
+            stream.close()
+
     def read_json(self, path: str):
         return json.loads(self.read_bytes(path).decode("utf-8"))
 
@@ -252,6 +292,7 @@ class Storage:
                 fh.flush()
                 yield
             finally:
+                fh.truncate(0)  # a reader racing the next holder never sees this one's name
                 fcntl.flock(fh, fcntl.LOCK_UN)
                 fh.close()
             return
@@ -275,7 +316,7 @@ class Storage:
                                         "delete the file or pass break_after_s") from None
                 self._take_over(fs, p, path, held, body)
                 why = "its process is gone" if gone else f"held {age:.0f} s, past break_after_s"
-                print(f"[lock] took over {path} from {held} ({why})", flush=True)
+                log.info(f"[lock] took over {path} from {held} ({why})")
         try:
             yield
         finally:

@@ -12,8 +12,8 @@ import pytest
 from sparkdeep import delta_io
 from sparkdeep.config import ConfigError, load_config
 from sparkdeep.paths import Paths
-from sparkdeep.runs import (Manifest, OutputLock, OutputLocked, Run, StaleInputError, StepRun, check_run_id,
-                            new_run_id, read_latest, record_run)
+from sparkdeep.runs import (AdhocStep, Manifest, OutputLock, OutputLocked, Run, RunStep, StaleInputError, Status,
+                            check_run_id, new_run_id, read_latest, record_run)
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_lock_of_a_killed_process_is_released_and_a_waiter_gets_it(tmp_path, rep
 def test_manifest_records_steps_and_refuses_a_changed_config(cfg, repo_root):
     paths = Paths.under(cfg.output_dir)
     m = Manifest.open(paths, "r1", cfg, force=False)
-    m.start("ingest")
+    RunStep.start(m, "ingest")
     m.finish("ingest", {"wall_s": 1.5, "rows_in": 10, "rows_usable": 9, "note": "x"})
     on_disk = json.load(open(paths.manifest("r1")))
     assert on_disk["steps"]["ingest"]["status"] == "succeeded"
@@ -71,14 +71,14 @@ def test_manifest_records_steps_and_refuses_a_changed_config(cfg, repo_root):
     assert on_disk["status"] == "partial" and on_disk["code_version"]["package"] == "0.1.0"
 
     again = Manifest.open(paths, "r1", cfg, force=False)
-    assert again.done("ingest") and again.data["attempts"] == 2 and again.data["generation"] == 0
+    assert again.done("ingest") and again.record.attempts == 2 and again.record.generation == 0
 
     changed = load_config(os.path.join(repo_root, "conf"), env="ci",
                           overrides=[f"output_dir={cfg.output_dir}", "train.epochs=7"])
     with pytest.raises(ConfigError, match=r"train\.epochs"):
         Manifest.open(paths, "r1", changed, force=False)
     forced = Manifest.open(paths, "r1", changed, force=True)
-    assert forced.data["generation"] == 1 and forced.data["config"]["train"]["epochs"] == 7
+    assert forced.record.generation == 1 and forced.record.config["train"]["epochs"] == 7
 
 
 def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
@@ -87,7 +87,7 @@ def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
     versions = []
     for attempt in range(5):  # each attempt writes, then "dies" before the step is marked done
         m = Manifest.open(paths, "retry", cfg, force=False)
-        run = m.start("ingest")
+        run = RunStep.start(m, "ingest")
         run.write(rows, "events", mode="append")
         run.write(rows.where("k = 0"), "events_zero")  # overwrite mode
         versions.append((run.outputs["events"]["version"], run.outputs["events_zero"]["version"]))
@@ -102,17 +102,17 @@ def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
 
     # --force is a new generation: the same writes really happen again.
     m = Manifest.open(paths, "retry", cfg, force=True)
-    m.start("ingest").write(rows, "events", mode="append")
+    RunStep.start(m, "ingest").write(rows, "events", mode="append")
     assert delta_io.read(spark, paths.table("events")).count() == 2000
 
 
 def test_reads_are_pinned_to_the_runs_own_writes(spark, cfg):
     paths = Paths.under(cfg.output_dir)
     m = Manifest.open(paths, "pinned", cfg, force=False)
-    m.start("ingest").write(spark.range(5), "flights")
+    RunStep.start(m, "ingest").write(spark.range(5), "flights")
     m.finish("ingest", {"wall_s": 0.1})
     delta_io.write(spark.range(50), paths.table("flights"))  # someone else's newer version
-    run = m.start("prepare")
+    run = RunStep.start(m, "prepare")
     assert run.read(spark, "flights").count() == 5
     assert run.inputs["flights"]["version"] == 0
     m.finish("prepare", {"wall_s": 0.1})
@@ -139,7 +139,7 @@ def _threshold(path):
 
 
 def _step(m, name, body):
-    run = m.start(name)
+    run = RunStep.start(m, name)
     body(run)
     m.finish(name, {"wall_s": 0.1})
     return run
@@ -164,7 +164,7 @@ def test_each_run_loads_its_own_models_and_refuses_a_replaced_one(spark, cfg):
     for run_id, threshold in (("A", 0.25), ("B", 0.75)):
         _step(Manifest.open(paths, run_id, cfg, force=False), "prepare",
               lambda r: r.save_model(_model(threshold), "prepare"))
-    train = Manifest.open(paths, "A", cfg, force=False).start("train")
+    train = RunStep.start(Manifest.open(paths, "A", cfg, force=False), "train")
     path = train.model_input("prepare")
     assert path == paths.model("prepare", "A") and _threshold(path) == 0.25
     assert train.model_inputs["prepare"]["run_id"] == "A"
@@ -172,21 +172,21 @@ def test_each_run_loads_its_own_models_and_refuses_a_replaced_one(spark, cfg):
 
     # Something replaces A's model in place (as B did to the shared folder): refused, named.
     _model(0.75).write().overwrite().save(path)
-    again = Manifest.open(paths, "A", cfg, force=False).start("train")
+    again = RunStep.start(Manifest.open(paths, "A", cfg, force=False), "train")
     with pytest.raises(StaleInputError, match=r"model 'prepare' at .*models/runs/A/0/prepare is not the one "
                                               r"run 'A' recorded"):
         again.model_input("prepare")
     # A run whose own writer of a model has not succeeded does not fall back to another's.
     m = Manifest.open(paths, "C", cfg, force=False)
-    m.start("prepare").save_model(_model(0.5), "prepare")
+    RunStep.start(m, "prepare").save_model(_model(0.5), "prepare")
     m.fail("prepare", "killed")
     with pytest.raises(StaleInputError, match="this run's prepare step, which writes it, has status 'failed'"):
-        m.start("train").model_input("prepare")
+        RunStep.start(m, "train").model_input("prepare")
 
 
 def test_promoted_models_serve_runs_without_their_own_and_must_match_their_tables(spark, cfg):
     paths = Paths.under(cfg.output_dir)
-    lonely = Manifest.open(paths, "lonely", cfg, force=False).start("score")
+    lonely = RunStep.start(Manifest.open(paths, "lonely", cfg, force=False), "score")
     with pytest.raises(FileNotFoundError, match="none has been promoted"):
         lonely.model_input("pipeline")
 
@@ -195,21 +195,21 @@ def test_promoted_models_serve_runs_without_their_own_and_must_match_their_table
     assert latest["run_id"] == "good" and set(latest["models"]) == {"prepare", "pipeline", "baseline"}
     assert latest["models"]["pipeline"]["path"] == paths.model("pipeline", "good")
     assert latest["metrics"] == {"auc": 0.5} and latest["tables"]["holdout"] == 0
-    assert good.data["promoted"] == latest
+    assert good.record.promoted == latest
 
     # A run that only scores and evaluates uses the promoted models, and promotes nothing.
     m = Manifest.open(paths, "rescore", cfg, force=False)
     score = _step(m, "score", lambda r: (r.read(spark, "holdout"), r.model_input("pipeline"),
                                          r.write(spark.range(3), "predictions")))
     assert score.model_inputs["pipeline"]["run_id"] == "good"
-    evaluate = m.start("evaluate")
+    evaluate = RunStep.start(m, "evaluate")
     evaluate.read(spark, "predictions")
     assert evaluate.promote({"auc": 0.9}, "predictions") is None and read_latest(paths) == latest
-    assert StepRun.adhoc(paths, "evaluate").promote({}, "predictions") is None  # no telling whose
+    assert AdhocStep(paths, "evaluate").promote({}, "predictions") is None  # no telling whose
 
     # Another run's prepare rewrote holdout: the promoted pipeline was not made from it.
     _step(Manifest.open(paths, "newer", cfg, force=False), "prepare", lambda r: r.write(spark.range(5), "holdout"))
-    mixed = Manifest.open(paths, "mixed", cfg, force=False).start("score")
+    mixed = RunStep.start(Manifest.open(paths, "mixed", cfg, force=False), "score")
     mixed.read(spark, "holdout")
     with pytest.raises(StaleInputError, match=r"promoted from run 'good'\) was made with holdout v0, but this "
                                               r"step read v1"):
@@ -246,7 +246,7 @@ def test_redoing_a_step_makes_the_later_steps_stale(spark, cfg):
     _step(m, "ingest", lambda r: r.write(spark.range(5), "flights"))
     _step(m, "prepare", lambda r: (r.read(spark, "flights"), r.write(spark.range(2), "train"),
                                    r.save_model(_model(0.5), "prepare")))
-    assert m.done("prepare") and m.data["models"] == {"prepare": paths.model("prepare", "six")}
+    assert m.done("prepare") and m.record.models == {"prepare": paths.model("prepare", "six")}
 
     with Run(cfg, "six", force=True) as run:
         assert run.pending("ingest")
@@ -255,10 +255,10 @@ def test_redoing_a_step_makes_the_later_steps_stale(spark, cfg):
         run.finish(step, {"wall_s": 0.1})
     with Run(cfg, "six") as run:
         entry = run.manifest.entry("prepare")
-        assert entry["status"] == "stale" and entry["stale_because"].startswith("ingest was redone")
+        assert entry.status == Status.STALE and entry.stale_because.startswith("ingest was redone")
         assert not run.manifest.done("prepare") and run.pending("prepare") and not run.pending("ingest")
         assert run.manifest.table_versions() == {"flights": 1}  # prepare's old reads and writes left out
-        assert run.manifest.data["models"] == {} and run.manifest.data["status"] == "partial"
+        assert run.manifest.record.models == {} and run.status == Status.PARTIAL
         prepare = run.start("prepare")
         assert prepare.read(spark, "flights").count() == 7
         prepare.write(spark.range(3), "train")  # generation 1: really written again

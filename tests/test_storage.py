@@ -196,7 +196,7 @@ def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs,
     import subprocess
     from sparkdeep import delta_io
     from sparkdeep.paths import tree_digest
-    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
     out = f"{hdfs.url}/runs-out"
     track = ["--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     env = {**os.environ}

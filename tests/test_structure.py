@@ -18,8 +18,13 @@ def imports(path: str) -> set[str]:
     return out
 
 
+def sources(folder: str) -> list[str]:
+    """Every ``.py`` file under ``folder``, subpackages included."""
+    return sorted(glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True))
+
+
 def test_core_imports_nothing_from_pipelines_or_transformers():
-    for path in glob.glob(os.path.join(REPO, "sparkdeep", "*.py")):
+    for path in sources("sparkdeep"):
         bad = {m for m in imports(path) if m.startswith(("sparkdeep.pipelines", "sparkdeep.transformers"))}
         assert not bad, f"{os.path.relpath(path, REPO)} imports {sorted(bad)}"
 
@@ -28,7 +33,7 @@ def test_no_step_names_a_data_set():
     """Only the examples' loaders and the shipped specs know the flights or the diamonds."""
     allowed = {os.path.join("pipelines", "flights.py"), os.path.join("pipelines", "examples.py")}
     for folder in ("jobs", "pipelines", "transformers", "sparkdeep"):
-        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
+        for path in sources(folder):
             rel = os.path.relpath(path, REPO)
             if rel in allowed:
                 continue
@@ -46,10 +51,11 @@ def module_graph() -> dict[str, set[str]]:
     """{module: the project's modules it imports}, counting imports inside functions too (a
     lazy import hides a loop from the interpreter, not from a reader)."""
     mods = {}
-    for folder, pkg in PACKAGES.items():
-        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
-            name = os.path.basename(path)[:-3]
-            mods[pkg if name == "__init__" else f"{pkg}.{name}"] = (path, pkg)
+    for folder, top in PACKAGES.items():
+        for path in sources(folder):
+            parts = os.path.relpath(path, os.path.join(REPO, folder))[:-3].split(os.sep)
+            pkg = ".".join([top] + parts[:-1])
+            mods[pkg if parts[-1] == "__init__" else f"{pkg}.{parts[-1]}"] = (path, pkg)
     graph = {}
     for mod, (path, pkg) in mods.items():
         found = set()
@@ -105,7 +111,7 @@ def test_table_and_model_names_come_from_the_registry():
     unique = names - {"train", "prepare", "pipeline"}  # also step and command names
     checked = 0
     for folder in ("jobs", "pipelines", "sparkdeep"):
-        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
+        for path in sources(folder):
             rel = os.path.relpath(path, REPO)
             if rel == os.path.join("sparkdeep", "registry.py"):
                 continue

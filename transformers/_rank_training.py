@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -28,9 +29,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
-# Tests: "RANK:EPOCH" makes that rank raise after that epoch; "RANK:EPOCH:exit" kills it;
-# "RANK:EPOCH:stop" freezes it (SIGSTOP), as a hung host would.
-FAIL_AT_EPOCH_ENV = "SPARKDEEP_TEST_FAIL_AT_EPOCH"
+from sparkdeep.registry import Choices
+from sparkdeep.transformers._faults import after_epoch_hook
+
+log = logging.getLogger(__name__)
+
 
 
 def keras_from_bytes(data: bytes):
@@ -208,7 +211,7 @@ class RankSpec:
         for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
-        if self.compression not in ("none", "fp16") or self.lr_schedule not in ("constant", "cosine"):
+        if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
             raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
 
     def describe(self) -> dict:
@@ -386,7 +389,7 @@ def train_rank(spec: RankSpec) -> dict:
     def average(value: float, name: str) -> float:
         return float(hvd.allreduce(tf.constant(float(value)), op=hvd.Average, name=name))
 
-    fail_at = os.environ.get(FAIL_AT_EPOCH_ENV, "")
+    after_epoch = after_epoch_hook()  # None unless a test injects a failure
     history = list(resume["history"]) if resume else []
     start_epoch = int(resume["completed_epochs"]) if resume else 0
     epochs = int(spec.epochs)
@@ -444,26 +447,21 @@ def train_rank(spec: RankSpec) -> dict:
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
                              if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
                                           "input_s", "compute_s", "allreduce_s"))
-            print(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
-                  f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
-                  f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
-                  f"({seconds:.1f}s, ~{left:.0f}s left)", flush=True)
+            log.info(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
+                     f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
+                     f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
+                     f"({seconds:.1f}s, ~{left:.0f}s left)")
             if spec.checkpoint_dir:
                 t_ck = time.time()
                 _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
                                                "finished": finished, "stopping": stopping.state()},
                             best_weights=None if stop else stopping.best_weights)
                 checkpoint_s += time.time() - t_ck
-        if fail_at and fail_at.split(":")[:2] == [str(rank), str(epoch + 1)]:
-            if fail_at.endswith(":exit"):
-                os._exit(3)  # a rank that dies without a Python exception
-            if fail_at.endswith(":stop"):
-                import signal
-                os.kill(os.getpid(), signal.SIGSTOP)  # frozen: no exit, no error, no heartbeat
-            raise RuntimeError(f"injected failure after epoch {epoch + 1} ({FAIL_AT_EPOCH_ENV})")
+        if after_epoch:
+            after_epoch(rank, epoch + 1)
         if stop:
             if rank == 0:
-                print(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs", flush=True)
+                log.info(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs")
             break
     stopping.restore(model)
     t_end = time.time()

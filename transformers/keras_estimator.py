@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import math
-import re
 import os
+import re
 import time
 from typing import Any, Iterator
 
@@ -41,14 +42,18 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkdeep import fs, tasks
+from sparkdeep import tasks
 from sparkdeep.distributed import run_on_ranks
+from sparkdeep.registry import Choices
+from sparkdeep.storage import Storage
 
 from . import _rank_training
 from ._rank_feed import ShardSpill, chunk_rows_for
 from ._vectors import list_matrix, require_new
 from .keras_models import DEFAULT_BUILDERS
 from .sampling import hash_uniform
+
+log = logging.getLogger(__name__)
 
 KERAS_FILE = "model/model.keras"
 
@@ -308,10 +313,10 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
-        if self.getOrDefault(self.lrSchedule) not in ("constant", "cosine"):
-            raise ValueError(f"lrSchedule must be 'constant' or 'cosine', got {self.getOrDefault(self.lrSchedule)!r}")
-        if self.getOrDefault(self.compression) not in ("none", "fp16"):
-            raise ValueError(f"compression must be 'none' or 'fp16', got {self.getOrDefault(self.compression)!r}")
+        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS)):
+            if self.getOrDefault(param) not in allowed:
+                raise ValueError(f"{param.name} must be one of {', '.join(map(repr, allowed))}, "
+                                 f"got {self.getOrDefault(param)!r}")
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
         if not 0 <= frac < 1:
             raise ValueError(f"validationFraction must be in [0, 1), got {frac}")
@@ -415,8 +420,7 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
         if resume and (stopped or resume["completed_epochs"] >= self.getEpochs()):
             ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
                      f"completed {resume['completed_epochs']} epochs")
-            print(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint",
-                  flush=True)
+            log.info(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint")
             model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
                                       trainingSummary={"history": resume["history"],
                                                        "stopped_early": bool((resume.get("stopping") or {})
@@ -441,8 +445,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
             shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), checkpoint_dir=folder, resume=resume)
         if resume:
-            print(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
-                  f"{resume['completed_epochs']}", flush=True)
+            log.info(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
+                     f"{resume['completed_epochs']}")
         t_staged = time.time()
         spill = ShardSpill(split_col="is_validation" if has_validation else None,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
@@ -667,8 +671,7 @@ def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str,
     if skipped == checked["rows"]:
         raise ValueError(f"KerasHorovodEstimator: every one of the {skipped} training rows is unusable "
                          f"({'; '.join(found)})")
-    print(f"[train] handleInvalid='skip': {skipped} of {checked['rows']} rows dropped ({'; '.join(found)})",
-          flush=True)
+    log.info(f"[train] handleInvalid='skip': {skipped} of {checked['rows']} rows dropped ({'; '.join(found)})")
     return kept, skipped
 
 
@@ -862,7 +865,7 @@ class _KerasModelWriter(MLWriter):
         extra = {"kerasFile": KERAS_FILE, "trainingSummary": self.instance.trainingSummary,
                  "kerasSha256": hashlib.sha256(self.instance.kerasBytes).hexdigest()}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extraMetadata=extra)
-        fs.write_bytes(self.sparkSession, f"{path.rstrip('/')}/{KERAS_FILE}", self.instance.kerasBytes)
+        Storage(self.sparkSession).write_checked(f"{path.rstrip('/')}/{KERAS_FILE}", self.instance.kerasBytes)
 
 
 class _KerasModelReader(MLReader):
@@ -876,7 +879,7 @@ class _KerasModelReader(MLReader):
         Raises ``UnsafeModelError`` naming the file when the metadata points anywhere but
         ``model/model.keras`` or records no SHA-256, when the bytes do not match it, when
         Keras safe mode refuses the archive (embedded Python, a ``Lambda`` layer) or the
-        archive is not valid; ``fs.ChecksumError`` when Hadoop's ``.crc`` does not match.
+        archive is not valid; ``storage.ChecksumError`` when Hadoop's ``.crc`` does not match.
         """
         # Imported here: the module's shared import block is not this reader's to edit.
         import io
@@ -895,7 +898,7 @@ class _KerasModelReader(MLReader):
         if not isinstance(digest, str):
             raise UnsafeModelError(f"{path}/metadata: no kerasSha256 for {keras_path}; refusing a network "
                                    "that cannot be checked")
-        data = fs.read_bytes(self.sparkSession, keras_path)
+        data = Storage(self.sparkSession).read_checked(keras_path)
         if hashlib.sha256(data).hexdigest() != digest:
             raise UnsafeModelError(f"{keras_path} does not match the checksum in its metadata")
         # Keras reports a file that is not a zip as "File not found" on its temp copy.

@@ -33,9 +33,10 @@ from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model, Pipeline, PipelineModel, Transformer
+from pyspark.ml.pipeline import PipelineSharedReadWrite, PipelineWriter
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasLabelCol, HasSeed, HasWeightCol
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable, MLReader, MLWriter
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -308,6 +309,21 @@ class SamplingPipeline(Pipeline):
             if isinstance(stage, Transformer) or i < last:
                 dataset = model.sample(dataset) if isinstance(model, _SamplerModel) else model.transform(dataset)
         return PipelineModel(fitted)
+
+    def write(self) -> MLWriter:
+        """Saved as itself (MLlib's writer would save a pipeline of JVM stages as a plain one)."""
+        return PipelineWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _SamplingPipelineReader()
+
+
+class _SamplingPipelineReader(MLReader):
+    def load(self, path: str) -> SamplingPipeline:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        uid, stages = PipelineSharedReadWrite.load(metadata, self.sparkSession, path)
+        return SamplingPipeline(stages=stages)._resetUid(uid)
 
 
 class _HasKeyCols(Params):

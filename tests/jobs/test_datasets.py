@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from sparkdeep import delta_io
-from sparkdeep.config import ConfigError, load_config
+from sparkdeep.config import ConfigError, default_conf_dir, load_config
 from sparkdeep.dataset import SpecError, load_spec
 from sparkdeep.jobs import ingest
 from sparkdeep.jobs._common import run_step
@@ -581,3 +581,15 @@ def test_categories_with_only_constant_numbers_leave_the_numbers_out_and_prepare
     assert report["embedding_layout"]["categorical"] == ["colour", "band"]
     prepared = delta_io.read(spark, str(tmp_path / "out" / "tables" / "train_prepared"))
     assert {len(r["features"]) for r in prepared.select("features").collect()} == {2}
+
+
+@pytest.mark.parametrize("value, word", [("lots", "expected a whole number, got 'lots'"),
+                                         (2.5, "expected a whole number, got 2.5"),
+                                         (True, "expected a whole number, got True")])
+def test_the_config_and_a_spec_word_a_wrong_value_alike(tmp_path, value, word):
+    body = {"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "regression"},
+            "features": {"max_categories": value}}
+    with pytest.raises(SpecError, match=f"key 'features.max_categories' in dataset spec .*: {word}"):
+        load_spec(write_spec(tmp_path, "typed", body))
+    with pytest.raises(ConfigError, match=f"config key 'train.epochs' .*: {word}"):
+        load_config(default_conf_dir(), overrides=[f"train.epochs={value}"])

@@ -119,7 +119,7 @@ def test_one_saved_pipeline_holds_every_baseline_and_each_scores_like_its_own_fi
 
 
 def test_the_console_table_lists_every_model_best_first_with_fit_times():
-    from sparkdeep.jobs.evaluate import metrics_table
+    from sparkdeep.pipelines.evaluate import metrics_table
     m = {"keras_horovod": {"auc": 0.70, "average_precision": 0.4, "accuracy": 0.6, "log_loss": 0.6, "rows": 10},
          "gbt": {"auc": 0.77, "average_precision": 0.5, "accuracy": 0.7, "log_loss": 0.5, "rows": 10}}
     text = metrics_table(m, {"keras_horovod": 30.0, "gbt": None}, "binary")

@@ -22,7 +22,7 @@ from pyspark.ml import PipelineModel
 from pyspark.ml.feature import StringIndexer, VectorAssembler
 from pyspark.testing import assertDataFrameEqual
 
-from sparkdeep import fs, model_store
+from sparkdeep import model_store, storage
 from sparkdeep.model_store import UnsafeModelError
 from sparkdeep.transformers import _rank_training
 from sparkdeep.transformers.keras_estimator import KERAS_FILE, KerasHorovodModel
@@ -281,7 +281,7 @@ def flip_byte(path: str) -> None:
 def test_a_flipped_byte_fails_the_hadoop_checksum(spark, folder):
     keras_file = os.path.join(stage(folder, 1), KERAS_FILE)
     flip_byte(keras_file)
-    with pytest.raises(fs.ChecksumError, match=rf"{re.escape(keras_file)}: checksum failure"):
+    with pytest.raises(storage.ChecksumError, match=rf"{re.escape(keras_file)}: checksum failure"):
         model_store.load_pipeline(spark, folder)
 
 

@@ -158,7 +158,7 @@ def test_validation_metrics_early_stopping_and_timing_breakdown(cancer):
 @pytest.mark.slow
 def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, monkeypatch):
     from sparkdeep.distributed import RankFailedError
-    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
     est = _estimator(epochs=4, runId="run-a", checkpointDir=str(tmp_path))
     monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "0:2")
     with pytest.raises(RankFailedError, match="rank 0 failed: RuntimeError: injected failure after epoch 2"):
@@ -258,7 +258,7 @@ def test_a_rank_whose_rows_are_all_validation_is_named_before_training(cancer):
 def test_a_rank_that_dies_ends_fit_naming_it(cancer, monkeypatch):
     import time
     from sparkdeep.distributed import RankFailedError
-    from sparkdeep.transformers._rank_training import FAIL_AT_EPOCH_ENV
+    from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
     monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "1:1:exit")
     t0 = time.time()
     with pytest.raises(RankFailedError) as err:
@@ -319,7 +319,7 @@ def test_learning_rate_ramps_then_stays_or_decays_by_cosine(cancer):
     assert cos[0] == pytest.approx(0.002) and cos[1] < 0.002
     assert cos[2] == pytest.approx(0.002 * (0.05 + 0.95 * 0.5))  # half way
     assert cos[3] == pytest.approx(0.0001) and cos[4] == pytest.approx(0.0001)  # floor: 5%
-    with pytest.raises(ValueError, match="lrSchedule must be 'constant' or 'cosine'"):
+    with pytest.raises(ValueError, match="lrSchedule must be one of 'constant', 'cosine'"):
         KerasHorovodEstimator(lrSchedule="linear").fit(cancer)
 
 

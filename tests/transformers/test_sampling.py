@@ -61,6 +61,22 @@ def test_sampling_pipeline_fits_later_stages_on_sample_but_scores_every_row(digi
     assert fitted.transform(digits).count() == digits.count()
 
 
+def test_an_unfitted_sampling_pipeline_saves_and_loads_through_the_model_store(digits, spark, tmp_path):
+    from pyspark.ml.feature import StandardScaler
+    from sparkdeep import model_store
+    pipe = SamplingPipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1, majorityRatio=1.5),
+                                    VectorAssembler(inputCols=["px1", "px2"], outputCol="v"),
+                                    StandardScaler(inputCol="v", outputCol="s")])
+    pipe.write().overwrite().save(str(tmp_path / "pipe"))
+    loaded = model_store.load(spark, str(tmp_path / "pipe"))
+    assert type(loaded) is SamplingPipeline
+    assert [type(s) for s in loaded.getStages()] == [type(s) for s in pipe.getStages()]
+    assert loaded.getStages()[0].getOrDefault("majorityRatio") == 1.5
+    # Fitted, it still fits the scaler on the sample: the same means as the original's fit.
+    ours, theirs = pipe.fit(digits).stages[2], loaded.fit(digits).stages[2]
+    assert np.allclose(ours.mean.toArray(), theirs.mean.toArray())
+
+
 def test_mllibs_pipeline_and_transform_never_sample(digits):
     """Who calls makes no difference: MLlib's Pipeline fits the later stages on every row,
     and a fitted sampler's transform passes every row, even on the rows it was fitted on."""

@@ -179,13 +179,15 @@ def test_bad_input_is_named_or_skipped_and_counted(spark, cancer):
 def test_stages_work_in_pipeline_crossvalidator_and_trainvalidationsplit(cancer):
     df, *_ = cancer
     from sparkdeep.transformers.pca import CenteredPCA
-    from sparkdeep.transformers.sampling import ClassBalanceSampler
+    from sparkdeep.transformers.sampling import ClassBalanceSampler, SamplingPipeline
     pca = CenteredPCA(inputCol="selected", outputCol="pcs", k=3, scale=True)
-    pipe = Pipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1), VarianceSelector(),
-                            CorrelationSelector(maxCorrelation=0.95, outputCol="decorrelated")
-                            .setFeaturesCol("selected"),
-                            UnivariateSelector(selectionThreshold=8).setFeaturesCol("decorrelated"),
-                            pca, LogisticRegression(featuresCol="pcs", labelCol="label", weightCol="sample_weight")])
+    # SamplingPipeline: the later stages fit on the sampler's sample, inside each fold too.
+    pipe = SamplingPipeline(stages=[ClassBalanceSampler(labelCol="label", seed=1), VarianceSelector(),
+                                    CorrelationSelector(maxCorrelation=0.95, outputCol="decorrelated")
+                                    .setFeaturesCol("selected"),
+                                    UnivariateSelector(selectionThreshold=8).setFeaturesCol("decorrelated"),
+                                    pca, LogisticRegression(featuresCol="pcs", labelCol="label",
+                                                            weightCol="sample_weight")])
     # UnivariateSelector reads "decorrelated" and writes the default "selected": rename clash avoided
     pipe.getStages()[1].setOutputCol("var_selected")
     pipe.getStages()[2].setFeaturesCol("var_selected")
