@@ -108,7 +108,10 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
 
 def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str) -> int:
     """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status."""
-    with logs.verbosity(getattr(args, "quiet", False), getattr(args, "verbose", False)) as spark_level:
+    verbose = getattr(args, "verbose", False)
+    if not verbose:
+        logs.quiet_native()
+    with logs.verbosity(getattr(args, "quiet", False), verbose) as spark_level:
         return _execute(names, steps, args, app_name, spark_level)
 
 
@@ -123,7 +126,7 @@ def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace,
 
         def session():
             from sparkdeep.session import builder
-            spark = builder(cfg.spark, app_name=app_name).getOrCreate()
+            spark = builder(cfg.spark, app_name=app_name, quiet=spark_level != "INFO").getOrCreate()
             spark.sparkContext.setLogLevel(spark_level)
             return spark
         # A local output folder is locked and its manifest read without a JVM (a run whose

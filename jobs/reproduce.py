@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="override one config key (repeatable)")
     add_verbosity(p)
     args = p.parse_args(argv)
+    if not args.verbose:
+        logs.quiet_native()
     with logs.verbosity(args.quiet, args.verbose) as spark_level:
         return _reproduce(args, spark_level)
 
@@ -47,7 +49,7 @@ def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
         cfg = load_config(args.conf_dir, env=args.env, overrides=args.overrides)
         from sparkdeep import delta_io, lineage
         from sparkdeep.session import builder
-        spark = builder(cfg.spark, app_name="sparkdeep-reproduce").getOrCreate()
+        spark = builder(cfg.spark, app_name="sparkdeep-reproduce", quiet=spark_level != "INFO").getOrCreate()
         spark.sparkContext.setLogLevel(spark_level)
         model = args.model
         from sparkdeep.storage import Storage

@@ -27,6 +27,14 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
+  # The jars live in $SPARKDEEP_CACHE (default ~/.cache/sparkdeep), outside .venv: another
+  # cache folder than set-up's would make every step resolve them with Ivy (and print its
+  # report), so an up-to-date .venv still fetches them into this one.
+  if ! "$VENV/bin/python" -m sparkdeep.jars check 2>/dev/null; then
+    echo "setup: fetching Delta jars into ${SPARKDEEP_CACHE:-~/.cache/sparkdeep}"
+    "$VENV/bin/python" -m sparkdeep.jars fetch >/dev/null 2>"$VENV/.jars-fetch.log" ||
+      { cat "$VENV/.jars-fetch.log" >&2; exit 1; }
+  fi
   echo "setup: up to date ($VENV)"
   exit 0
 fi

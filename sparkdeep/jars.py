@@ -75,5 +75,7 @@ if __name__ == "__main__":
             print(jar)
     elif sys.argv[1:] == ["classpath"]:  # for spark-submit --jars
         print(",".join(fetch()))
+    elif sys.argv[1:] == ["check"]:  # set-up: exit 1 when this cache folder lacks them
+        sys.exit(0 if delta_jars() else 1)
     else:
-        sys.exit("usage: python -m sparkdeep.jars fetch|classpath")
+        sys.exit("usage: python -m sparkdeep.jars fetch|classpath|check")

@@ -80,6 +80,14 @@ def install_default() -> None:
         logger.warning("SPARKDEEP_LOG_LEVEL=%r is not a log level: using INFO", os.environ["SPARKDEEP_LOG_LEVEL"])
 
 
+def quiet_native() -> None:
+    """TensorFlow's start-up INFO lines (oneDNN, CPU features) off for this process and the
+    Spark workers it starts, unless ``TF_CPP_MIN_LOG_LEVEL`` is set already. Call before
+    TensorFlow is imported and before the session starts; ``--verbose`` does not call it.
+    Only the lines change: ``TF_ENABLE_ONEDNN_OPTS`` (which changes numerics) is left alone."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
 @contextlib.contextmanager
 def verbosity(quiet: bool = False, verbose: bool = False):
     """For the length of a job: ``quiet`` shows warnings and errors only, ``verbose`` debug

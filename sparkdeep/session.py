@@ -21,7 +21,7 @@ DELTA_SETTINGS = {
 
 
 def builder(conf: SparkConfig | None = None, *, app_name: str | None = None,
-            extra: Mapping[str, str] | None = None) -> SparkSession.Builder:
+            extra: Mapping[str, str] | None = None, quiet: bool = True) -> SparkSession.Builder:
     """A SparkSession builder: master and settings from ``conf``, Delta Lake enabled.
 
     Parameters
@@ -32,6 +32,9 @@ def builder(conf: SparkConfig | None = None, *, app_name: str | None = None,
         Replaces ``conf.app_name`` (jobs name themselves).
     extra : mapping, optional
         Settings applied last (the test fixture points directories at a temp folder).
+    quiet : bool, default True
+        Start the driver with the config folder's ``log4j2.properties`` (warnings that say
+        nothing a user can act on hidden); False keeps Spark's own default (``--verbose``).
 
     Examples
     --------
@@ -54,7 +57,7 @@ def builder(conf: SparkConfig | None = None, *, app_name: str | None = None,
         settings["spark.jars.packages"] = delta_coordinate()
     settings.update(conf.settings)
     settings.update(extra or {})
-    if not launched_by_spark_submit():  # under spark-submit the driver's JVM is already running
+    if quiet and not launched_by_spark_submit():  # under spark-submit the driver's JVM is already running
         settings.update(_quiet_start(settings))
     for key, value in settings.items():
         b = b.config(key, value)

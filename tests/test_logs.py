@@ -1,6 +1,7 @@
 """Output goes through the ``sparkdeep`` logger: on by default, turned down by --quiet,
 up by --verbose, routable by an application; Spark's start-up chatter off."""
 import logging
+import os
 import subprocess
 import sys
 
@@ -89,3 +90,34 @@ def test_the_driver_starts_with_the_shipped_log4j_setting_unless_one_is_chosen()
         "-Xss8m " + option
     mine = "-Dlog4j2.configurationFile=file:///etc/mine.properties"
     assert _quiet_start({"spark.driver.extraJavaOptions": mine}) == {}
+
+
+def test_every_spark_logger_the_shipped_log4j_setting_names_is_a_class_of_spark():
+    """A misspelt logger name silences nothing (the plan-truncation warning stayed on the
+    console while the setting named a class Spark 4 no longer has)."""
+    import glob
+    import os
+    import zipfile
+
+    import pyspark
+    props = (default_conf_dir() / "log4j2.properties").read_text()
+    wanted = {line.split("=", 1)[1].strip() for line in props.splitlines()
+              if line.startswith("logger.") and ".name" in line.split("=", 1)[0]}
+    spark_names = {n for n in wanted if n.startswith("org.apache.spark.")}
+    assert spark_names, "the setting names no Spark logger"
+    classes = set()
+    for jar in glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "spark-*.jar")):
+        with zipfile.ZipFile(jar) as z:
+            classes.update(n[:-len(".class")].replace("/", ".") for n in z.namelist() if n.endswith(".class"))
+    assert sorted(n for n in spark_names if n not in classes) == []
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflows_start_up_lines_only_with_verbose(verbose):
+    code = ("import os; from sparkdeep import logs\n"
+            f"{'' if verbose else 'logs.quiet_native()'}\n"
+            "import tensorflow as tf; tf.constant(1.0) + 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert ("oneDNN custom operations" in out.stderr) is verbose
