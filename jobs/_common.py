@@ -109,8 +109,7 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
 def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str) -> int:
     """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status."""
     verbose = getattr(args, "verbose", False)
-    if not verbose:
-        logs.quiet_native()
+    logs.quiet_native(verbose)
     with logs.verbosity(getattr(args, "quiet", False), verbose) as spark_level:
         return _execute(names, steps, args, app_name, spark_level)
 

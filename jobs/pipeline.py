@@ -13,7 +13,9 @@ import sys
 from sparkdeep import runs
 from sparkdeep.jobs._common import execute, parser
 
-log = logging.getLogger(__name__)
+# Named, not __name__: under `python -m` this module is "__main__", outside the
+# sparkdeep logger and its handler.
+log = logging.getLogger("sparkdeep.jobs.pipeline")
 
 # Step name -> its function, for every step of the one registry (sparkdeep.runs.STEPS).
 STEPS = {name: importlib.import_module(f"sparkdeep.jobs.{name}").step for name in runs.STEPS}

@@ -16,10 +16,13 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.config import ConfigError, default_conf_dir, load_config
+from sparkdeep.errors import error_line
 from sparkdeep.jobs._common import add_verbosity
 from sparkdeep.registry import Models
 
-log = logging.getLogger(__name__)
+# Named, not __name__: under `python -m` this module is "__main__", outside the
+# sparkdeep logger and its handler.
+log = logging.getLogger("sparkdeep.jobs.reproduce")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="override one config key (repeatable)")
     add_verbosity(p)
     args = p.parse_args(argv)
-    if not args.verbose:
-        logs.quiet_native()
+    logs.quiet_native(args.verbose)
     with logs.verbosity(args.quiet, args.verbose) as spark_level:
         return _reproduce(args, spark_level)
 
@@ -68,8 +70,7 @@ def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
         log.error(f"reproduce: config error: {exc}")
         return 2
     except Exception as exc:  # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        log.error(f"reproduce: failed: {type(exc).__name__}: {first}")
+        log.error(f"reproduce: failed: {error_line(exc)}")
         return 1
     return 0
 

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep import tasks
+from sparkdeep.registry import Columns
 from sparkdeep.tasks import BASELINES
 
 from sparkdeep.transformers.columns import WideAssembler, wide_plans
@@ -140,8 +141,7 @@ def names_in(model: PipelineModel) -> list[str]:
 def model_frame(scored: DataFrame, name: str, task: str) -> DataFrame:
     """``scored`` (the output of a :func:`fit_pipeline` model) with baseline ``name``'s
     outputs as the usual ``prediction``/``probability``/``rawPrediction`` columns."""
-    out = scored.withColumn("prediction", F.col(name + PREDICTION))
+    out = {Columns.PREDICTION: F.col(name + PREDICTION)}
     if task != "regression":
-        out = out.withColumn("probability", F.col(name + PROBABILITY)) \
-                 .withColumn("rawPrediction", F.col(name + RAW))
-    return out
+        out.update({Columns.PROBABILITY: F.col(name + PROBABILITY), "rawPrediction": F.col(name + RAW)})
+    return scored.withColumns(out)

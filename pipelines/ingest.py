@@ -99,7 +99,7 @@ def read_source(spark: SparkSession, spec: DatasetSpec, recorded: T.StructType |
         raise
     except Exception as exc:  # noqa: BLE001 - a missing path, table or loader: one clear line
         raise SourceError(f"cannot read the {s.format} source {where!r} of dataset spec {spec.file!r}: "
-                          f"{str(exc).splitlines()[0][:300]}") from None
+                          f"{error_line(exc, typed=False, limit=300)}") from None
     version = None
     if s.format == "delta":
         from sparkdeep import delta_io
@@ -143,7 +143,7 @@ def _read_text(spark: SparkSession, spec: DatasetSpec, ddl: T.StructType, where:
                 .option("header", "true").option("inferSchema", "false").csv(s.path).columns
         except Exception as exc:  # noqa: BLE001
             raise SourceError(f"cannot read the csv source {where!r} of dataset spec {spec.file!r}: "
-                              f"{str(exc).splitlines()[0][:300]}") from None
+                              f"{error_line(exc, typed=False, limit=300)}") from None
         missing = [c for c in declared if c not in header]
         if missing:
             raise SourceError(f"column {missing[0]!r} (declared in the spec's schema, {spec.file}) is missing "

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep import delta_io, names
-from sparkdeep.registry import Columns, Models, Tables
+from sparkdeep.registry import Choices, Columns, Models, Tables
 from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler, wide_plans
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
@@ -118,7 +118,7 @@ def usable_features(profile: dict, categorical, numeric, where: str = "") -> tup
     return list(categorical), [c for c in numeric if c not in left_out], left_out
 
 
-ENCODINGS = ("embedding", "onehot")
+ENCODINGS = Choices.ENCODINGS
 #: The embedding layout's standardised numeric block (then the category indices).
 NUMERIC = Columns.NUMERIC
 

@@ -12,7 +12,7 @@ from pyspark import StorageLevel
 from sparkdeep import delta_io, model_store
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines.evaluate import classes_of, predictions_frame
-from sparkdeep.registry import Models, Tables
+from sparkdeep.registry import Columns, Models, Tables
 from sparkdeep.transformers.columns import wide_plans
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def score_step(spark, cfg, paths, run) -> dict:
                                  "(saved before issue 13?): rerun the train step")
             out["baselines"] = names
             # One pass of the front and the models, whatever the number of baselines.
-            scored = scored.select(spec.key_column, *[c for c in scored.columns if c == "label" or c.endswith(
+            scored = scored.select(spec.key_column, *[c for c in scored.columns if c == Columns.LABEL or c.endswith(
                 (bl.PREDICTION, bl.PROBABILITY, bl.RAW))]).persist(StorageLevel.MEMORY_AND_DISK)
             frame = None
             for b in names:

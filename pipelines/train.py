@@ -16,7 +16,7 @@ from pyspark.ml import PipelineModel
 from pyspark.ml.feature import IndexToString
 
 from sparkdeep import lineage, model_store
-from sparkdeep.registry import Models, Tables
+from sparkdeep.registry import Columns, Models, Tables
 from sparkdeep.runs import AdhocStep, StepRun
 from sparkdeep.tasks import DEFAULT_LOSS, DEFAULT_METRICS
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
@@ -30,7 +30,7 @@ from .prepare import FEATURES, LABEL, WEIGHT, network_layout
 log = logging.getLogger(__name__)
 
 #: The scoring pipeline's column with the original class value (multiclass).
-PREDICTED_CLASS = "predicted_class"
+PREDICTED_CLASS = Columns.PREDICTED_CLASS
 
 
 #: ``train.batch_size: 0``: the largest power of two giving each rank at least this many
@@ -90,7 +90,7 @@ def scoring_pipeline(prepare_model: PipelineModel, final_stage, classes: list[st
     an ``IndexToString`` giving ``predicted_class`` as the original class value."""
     stages = list(prepare_model.stages) + [final_stage]
     if classes:
-        stages.append(IndexToString(inputCol="prediction", outputCol=PREDICTED_CLASS, labels=list(classes)))
+        stages.append(IndexToString(inputCol=Columns.PREDICTION, outputCol=PREDICTED_CLASS, labels=list(classes)))
     return PipelineModel(stages)
 
 
@@ -179,3 +179,18 @@ def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:
     if (prep.get("tables", {}).get(Tables.TRAIN_PREPARED, {}).get("version") == tables[Tables.TRAIN_PREPARED]["version"]):
         tables.update({k: prep["tables"][k] for k in (source_table, Tables.TRAIN, Tables.HOLDOUT) if k in prep["tables"]})
     return {"trained_on": Tables.TRAIN_PREPARED, "tables": tables, "fingerprint": fingerprint, "run_id": run.run_id}
+
+
+# -- the step (jobs/train.py runs it) ------------------------------------------
+
+def train_step(spark, cfg, paths, run) -> dict:
+    """Fit both pipelines (:func:`fit_models`), save them as this run's models and log the
+    fit to MLflow."""
+    from sparkdeep import tracking
+    keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
+    path = run.save_model(keras_pipeline, Models.PIPELINE)
+    run.save_model(baseline_pipeline, Models.BASELINE)
+    report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path)
+    if report["tracking"]:
+        log.info(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}")
+    return report

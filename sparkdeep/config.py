@@ -29,7 +29,8 @@ import yaml
 from sparkdeep import tasks
 from sparkdeep.dataset import load_spec
 from sparkdeep.registry import Choices
-from sparkdeep.typed_yaml import ConfigError, Fields, _cut, _yaml, shown  # noqa: F401 - ConfigError, shown: this module's API
+from sparkdeep.typed_yaml import (ConfigError, Fields, _cut, _yaml, plain, put_dotted,  # noqa: F401 - ConfigError,
+                                  read_mapping, shown)  # shown: this module's API
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,9 @@ class Config:
             ("prepare.max_correlation", 0 < self.prepare.max_correlation <= 1),
             ("prepare.pca_k", self.prepare.pca_k >= 0),
             ("prepare.pca_variance_target", 0 < self.prepare.pca_variance_target <= 1),
-            ("prepare.encoding", self.prepare.encoding in ("embedding", "onehot")),
+            ("prepare.encoding", self.prepare.encoding in Choices.ENCODINGS),
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
-            ("train.normalization", self.train.normalization in ("layer", "batch", "none")),
+            ("train.normalization", self.train.normalization in Choices.NORMALIZATIONS),
             ("train.lr_schedule", self.train.lr_schedule in Choices.LR_SCHEDULES),
             ("train.shuffle_buffer_rows", self.train.shuffle_buffer_rows >= 1),
             ("train.num_proc", self.train.num_proc >= 1),
@@ -222,12 +223,8 @@ def _merge(base: dict, over: Mapping, origins: dict, source: str, prefix: str = 
                 base[key][k] = v
                 origins[f"{dotted}.{k}"] = source
         else:
-            base[key] = _plain(value)
+            base[key] = plain(value)
             _record(origins, dotted, value, source)
-
-
-def _plain(value: Any) -> Any:
-    return {k: _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def _record(origins: dict, dotted: str, value: Any, source: str) -> None:
@@ -246,15 +243,7 @@ def _read_dir(folder: Path, tree: dict, origins: dict, required: bool) -> None:
     if required and not files:
         raise ConfigError(f"config folder {str(folder)!r} holds no .yaml file")
     for path in files:
-        try:
-            data = _yaml(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
-        except ConfigError as exc:
-            raise ConfigError(f"config file {str(path)!r}, {exc}") from None
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top")
-        _merge(tree, data, origins, str(path))
+        _merge(tree, read_mapping(path, "config file", ConfigError), origins, str(path))
 
 
 #: The config's wording of the shared YAML-to-dataclass rules (sparkdeep.typed_yaml.Fields).
@@ -313,14 +302,11 @@ def load_config(conf_dir: str | Path = "conf", env: str | None = None,
             spec_overrides[key[len("dataset."):]] = value
             continue
         nested: dict = {}
-        cursor = nested
         parts = key.split(".")
         if key.startswith("spark.settings.") and len(parts) > 2:
             # Spark keys contain dots themselves: spark.settings.<spark.key>.
             parts = ["spark", "settings", key[len("spark.settings."):]]
-        for part in parts[:-1]:
-            cursor = cursor.setdefault(part, {})
-        cursor[parts[-1]] = value
+        put_dotted(nested, parts, value)
         _merge(tree, nested, origins, f"--set {_cut(text)}")
     if "dataset" in tree:
         raise ConfigError(f"config key 'dataset' (from {origins.get('dataset', 'config')}): the dataset spec "

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sparkdeep import tasks
-from sparkdeep.registry import Columns
-from sparkdeep.typed_yaml import ConfigError, Fields, _yaml
+from sparkdeep.registry import Columns, Tables
+from sparkdeep.typed_yaml import ConfigError, Fields, put_dotted, read_mapping
 
 FORMATS = ("delta", "parquet", "csv", "json", "table", "builtin")
 TEXT_FORMATS = ("csv", "json")
@@ -171,33 +171,16 @@ def load_spec(ref: str, conf_dir: str | Path = "conf", overrides: dict[str, Any]
         known = available(conf_dir)
         raise SpecError(f"dataset spec {str(path)!r} does not exist (data.dataset={ref!r}; specs in "
                         f"{Path(conf_dir) / 'datasets'}: {', '.join(known) or 'none'})")
-    try:
-        tree = _yaml(path.read_text()) or {}
-    except ConfigError as exc:
-        raise SpecError(f"dataset spec {str(path)!r}, {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - YAML syntax errors carry the line
-        raise SpecError(f"dataset spec {str(path)!r} is not valid YAML: {exc}") from None
-    if not isinstance(tree, Mapping):
-        raise SpecError(f"dataset spec {str(path)!r} must hold a mapping at the top")
-    tree = _plain(tree)
+    tree = read_mapping(path, "dataset spec", SpecError)
     for key, value in (overrides or {}).items():
-        cursor = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            nxt = cursor.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise SpecError(f"--set dataset.{key}: dataset.{'.'.join(parts[:-1])} is not a mapping "
-                                f"in {str(path)!r}")
-            cursor = nxt
-        cursor[parts[-1]] = value
+        try:
+            put_dotted(tree, key.split("."), value)
+        except ValueError as exc:
+            raise SpecError(f"--set dataset.{key}: dataset.{exc} is not a mapping in {str(path)!r}") from None
     spec = _build(DatasetSpec, tree, "", str(path))
     spec = dataclasses.replace(spec, file=str(path))
     validate(spec)
     return spec
-
-
-def _plain(value):
-    return {str(k): _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 #: The specs' wording of the shared YAML-to-dataclass rules (sparkdeep.typed_yaml.Fields), lenient:
@@ -224,6 +207,11 @@ def validate(spec: DatasetSpec) -> None:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", spec.name):
         bad("name", f"{spec.name!r} must start with a letter and hold only letters, digits and _ "
                     "(it names the Delta tables)")
+    taken = {t.lower() for t in (*Tables.ALL, Tables.RUNS)}
+    for own in (spec.table, spec.rejected_table):
+        if own.lower() in taken:
+            bad("name", f"{spec.name!r} would name the table {own!r}, which a step writes under that name "
+                        f"beside it ({', '.join(sorted(taken))}); choose another name")
     s = spec.source
     if s.format not in FORMATS:
         bad("source.format", f"{s.format!r} is not one of {', '.join(FORMATS)}")

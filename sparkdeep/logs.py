@@ -80,12 +80,13 @@ def install_default() -> None:
         logger.warning("SPARKDEEP_LOG_LEVEL=%r is not a log level: using INFO", os.environ["SPARKDEEP_LOG_LEVEL"])
 
 
-def quiet_native() -> None:
-    """TensorFlow's start-up INFO lines (oneDNN, CPU features) off for this process and the
-    Spark workers it starts, unless ``TF_CPP_MIN_LOG_LEVEL`` is set already. Call before
-    TensorFlow is imported and before the session starts; ``--verbose`` does not call it.
-    Only the lines change: ``TF_ENABLE_ONEDNN_OPTS`` (which changes numerics) is left alone."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+def quiet_native(verbose: bool = False) -> None:
+    """TensorFlow's native log for this process, the Spark workers and the Horovod ranks it
+    starts: its start-up INFO lines (oneDNN, CPU features) and warnings off, or with
+    ``verbose`` everything on; left alone when ``TF_CPP_MIN_LOG_LEVEL`` is set already.
+    Call before TensorFlow is imported and before the session starts. Only the lines
+    change: ``TF_ENABLE_ONEDNN_OPTS`` (which changes numerics) is left alone."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
 
 
 @contextlib.contextmanager

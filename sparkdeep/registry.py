@@ -6,13 +6,15 @@ from __future__ import annotations
 
 
 class Tables:
-    """The tables the steps pass on (under ``<output>/tables/<dataset>_<name>``)."""
+    """The tables the steps pass on (under ``<output>/tables/<name>``, beside the dataset's
+    own ``<dataset>`` and ``<dataset>_rejected``)."""
     TRAIN = "train"                              # prepare: the training split, as ingested
     HOLDOUT = "holdout"                          # prepare: the held-out split, as ingested
     TRAIN_PREPARED = "train_prepared"            # prepare: features, label, weight: what train reads
     PREDICTIONS = "predictions"                  # score: the network's predictions on the holdout
     BASELINE_PREDICTIONS = "baseline_predictions"  # score: every baseline's predictions
     ALL = (TRAIN, HOLDOUT, TRAIN_PREPARED, PREDICTIONS, BASELINE_PREDICTIONS)
+    RUNS = "runs"                                # every run: one row per run id (sparkdeep.runs.table)
 
 
 class Models:
@@ -42,3 +44,5 @@ class Choices:
     its params against them, the ranks act on them."""
     LR_SCHEDULES = ("constant", "cosine")   # after warm-up: hold the rate, or decay it to 5%
     COMPRESSIONS = ("none", "fp16")         # the gradients on the wire
+    ENCODINGS = ("embedding", "onehot")     # prepare: categories as indices for embeddings, or one-hot
+    NORMALIZATIONS = ("layer", "batch", "none")  # the tabular network's hidden layers

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import yaml
@@ -44,6 +45,38 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_mapping(path: str | Path, what: str, error: type[Exception]) -> dict:
+    """The mapping a YAML file holds, as plain dicts with string keys; an empty file is an
+    empty mapping. Errors (``error``) name ``what`` (``"config file"``, ``"dataset spec"``)
+    and the file: bad YAML with its line, an alias, anything but a mapping at the top."""
+    try:
+        data = _yaml(Path(path).read_text()) or {}
+    except ConfigError as exc:
+        raise error(f"{what} {str(path)!r}, {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise error(f"{what} {str(path)!r} must hold a mapping at the top")
+    return plain(data)
+
+
+def plain(value: Any) -> Any:
+    """Mappings as plain dicts with string keys, all the way down."""
+    return {str(k): plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
+
+
+def put_dotted(tree: dict, parts: list[str], value: Any) -> None:
+    """``tree[parts[0]]...[parts[-1]] = value`` (a ``--set a.b.c=v``), making mappings on the
+    way; a ``ValueError`` names the dotted prefix that holds something else."""
+    cursor = tree
+    for i, part in enumerate(parts[:-1]):
+        nxt = cursor.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ValueError(".".join(parts[:i + 1]))
+        cursor = nxt
+    cursor[parts[-1]] = value
 
 
 @dataclasses.dataclass(frozen=True)

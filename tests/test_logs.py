@@ -115,7 +115,7 @@ def test_every_spark_logger_the_shipped_log4j_setting_names_is_a_class_of_spark(
 @pytest.mark.parametrize("verbose", [False, True])
 def test_tensorflows_start_up_lines_only_with_verbose(verbose):
     code = ("import os; from sparkdeep import logs\n"
-            f"{'' if verbose else 'logs.quiet_native()'}\n"
+            f"logs.quiet_native({verbose})\n"
             "import tensorflow as tf; tf.constant(1.0) + 1\n")
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)

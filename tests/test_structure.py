@@ -126,3 +126,11 @@ def test_table_and_model_names_come_from_the_registry():
                 if isinstance(node, ast.keyword) and node.arg == "evaluated" and isinstance(node.value, ast.Constant):
                     raise AssertionError(f"{rel}:{node.value.lineno} names a table as a literal: use sparkdeep.registry")
     assert checked > 10  # the check saw the steps' reads and writes
+
+
+def test_a_job_module_logs_under_sparkdeep_also_when_run_as_main():
+    """``python -m sparkdeep.jobs.X`` makes the module ``__main__``: a logger named after
+    ``__name__`` there is outside the ``sparkdeep`` logger and its lines are lost."""
+    offenders = [os.path.relpath(p, REPO) for p in sources("jobs") if not os.path.basename(p).startswith("_")
+                 and "getLogger(__name__)" in open(p, encoding="utf-8").read()]
+    assert offenders == []

@@ -6,6 +6,8 @@ persistence and needs nothing pickled.
 """
 from __future__ import annotations
 
+from sparkdeep.registry import Choices
+
 
 def _mlp(input_dim: int, hidden_units, dropout: float, outputs: int, activation: str, name: str):
     import keras
@@ -92,8 +94,8 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     if any(c < 2 for c in cards):
         raise ValueError(f"every categorical column needs a cardinality >= 2 (its values + the unseen/null "
                          f"bucket), got {cards}")
-    if normalization not in ("batch", "layer", "none"):
-        raise ValueError(f"normalization must be batch, layer or none, got {normalization!r}")
+    if normalization not in Choices.NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {', '.join(Choices.NORMALIZATIONS)}, got {normalization!r}")
     from ._keras_layers import ColumnEmbeddings
 
     inputs = keras.Input(shape=(int(input_dim),), name="features")

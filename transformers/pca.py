@@ -421,9 +421,14 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
     al., which stays accurate when means are large next to the spread. Partitions are
     merged on the driver one at a time, so it holds two p x p matrices, not one per
     partition. Rows that are null or hold NaN/infinity are left out and counted.
+
+    A partition's matrix travels as raw float64 bytes in rows of at most
+    :data:`SCATTER_CHUNK` values (a Python list of p x p floats cost 1.5 GB in the worker
+    and again on the driver at 7,000 features; Arrow's binary values stay under 2 GB each).
     """
     import pyarrow as pa
     from pyspark.ml.functions import vector_to_array
+    chunk = int(SCATTER_CHUNK)
 
     def per_partition(batches):
         n, bad, mean, scatter = 0, 0, None, None
@@ -436,29 +441,53 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
             if not len(x):
                 continue
             n, mean, scatter = _merge(n, mean, scatter, *_moments(x))
-        yield pa.RecordBatch.from_pydict({
-            "n": [n], "bad": [bad + matrices.nulls], **matrices.length_columns(),
-            "mean": [[] if mean is None else mean.tolist()],
-            "scatter": [[] if scatter is None else scatter.ravel().tolist()]})
+        flat = np.zeros(0) if scatter is None else np.ascontiguousarray(scatter, dtype="<f8").ravel()
+        pieces = [flat[i:i + chunk] for i in range(0, len(flat), chunk)] or [flat]
+        schema = _scatter_arrow_schema()
+        for k, piece in enumerate(pieces):
+            first = k == 0
+            yield pa.RecordBatch.from_pydict({
+                "piece": [k], "pieces": [len(pieces)],
+                "n": [n if first else 0], "bad": [bad + matrices.nulls if first else 0],
+                **(matrices.length_columns() if first else {"len_lo": [None], "len_hi": [None]}),
+                "mean": [b"" if mean is None or not first else np.asarray(mean, dtype="<f8").tobytes()],
+                "scatter": [piece.tobytes()]},
+                schema=schema)
 
     if values is None:
         values = F.when(F.col(col).isNotNull(), vector_to_array(F.col(col)))
     parts = (df.select(values.alias("v"))
-             .mapInArrow(per_partition, "n long, bad long, len_lo long, len_hi long, mean array<double>, "
-                                        "scatter array<double>"))
+             .mapInArrow(per_partition, "piece int, pieces int, n long, bad long, len_lo long, "
+                                        "len_hi long, mean binary, scatter binary"))
     n, bad, mean, scatter = 0, 0, None, None
-    for row in parts.toLocalIterator():
-        if row["len_lo"] is not None:
-            require_one_length([{"len_lo": row["len_lo"] - appended, "len_hi": row["len_hi"] - appended}],
-                               col, p - appended)
-        bad += row["bad"]
-        if row["n"]:
-            m = np.asarray(row["mean"])
-            n, mean, scatter = _merge(n, mean, scatter, row["n"], m,
-                                      np.asarray(row["scatter"]).reshape(len(m), len(m)))
+    head, pieces = None, []
+    for row in parts.toLocalIterator():  # a partition's rows arrive together, in order
+        if row["piece"] == 0:
+            head, pieces = row, []
+            if row["len_lo"] is not None:
+                require_one_length([{"len_lo": row["len_lo"] - appended, "len_hi": row["len_hi"] - appended}],
+                                   col, p - appended)
+            bad += row["bad"]
+        pieces.append(np.frombuffer(row["scatter"], dtype="<f8"))
+        if len(pieces) == row["pieces"] and head["n"]:
+            m = np.frombuffer(head["mean"], dtype="<f8").copy()
+            s = pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+            pieces = []
+            n, mean, scatter = _merge(n, mean, scatter, head["n"], m, s.reshape(len(m), len(m)))
     if mean is None:
         mean, scatter = np.zeros(p), np.zeros((p, p))
     return n, mean, scatter, bad
+
+
+#: At most this many float64 values of a scatter matrix in one row on their way to the driver.
+SCATTER_CHUNK = 1 << 24
+
+
+def _scatter_arrow_schema():
+    import pyarrow as pa
+    return pa.schema([("piece", pa.int32()), ("pieces", pa.int32()), ("n", pa.int64()),
+                      ("bad", pa.int64()), ("len_lo", pa.int64()), ("len_hi", pa.int64()),
+                      ("mean", pa.binary()), ("scatter", pa.binary())])
 
 
 def _moments(x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:

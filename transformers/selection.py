@@ -524,15 +524,30 @@ class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, Def
                              "correlation is undefined; drop them first (VarianceSelector)")
         to_label = np.nan_to_num(to_label, nan=0.0)
         keep = np.ones(p, dtype=bool)
-        iu = np.triu_indices(p, k=1)
-        strength = np.abs(feat[iu])
+        first, second, strength = redundant_pairs(feat, limit)
         for idx in np.argsort(-strength, kind="stable"):
-            if strength[idx] <= limit:
-                break
-            i, j = iu[0][idx], iu[1][idx]
+            i, j = first[idx], second[idx]
             if keep[i] and keep[j]:
                 keep[j if to_label[i] >= to_label[j] else i] = False
         return self._make(np.flatnonzero(keep), names, to_label, skipped)
+
+
+def redundant_pairs(corr: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, |r|) of every pair i < j with |r| above ``limit``, in row-major order.
+
+    Row by row, so memory follows the pairs found, not all p(p-1)/2 of them (at 7,000
+    features the full upper triangle's indices and strengths took 1 GB on the driver)."""
+    first, second, strength = [], [], []
+    for i in range(corr.shape[0] - 1):
+        r = np.abs(corr[i, i + 1:])
+        js = np.flatnonzero(r > limit)
+        if js.size:
+            first.append(np.full(js.size, i))
+            second.append(js + i + 1)
+            strength.append(r[js])
+    if not first:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+    return np.concatenate(first), np.concatenate(second), np.concatenate(strength)
 
 
 def correlation_with_label(df: DataFrame, features: str, label: str, size: int) -> np.ndarray:
@@ -549,8 +564,10 @@ def correlation_with_label(df: DataFrame, features: str, label: str, size: int) 
     if n == 0 and not bad:
         raise ValueError(f"CorrelationSelector: the input has no rows")
     std = np.sqrt(np.diag(scatter))
+    corr = scatter  # a fresh matrix: divided in place, a row at a time (no second p x p matrix)
     with np.errstate(divide="ignore", invalid="ignore"):
-        corr = scatter / np.outer(std, std)
+        for i in range(len(std)):
+            corr[i] /= std[i] * std
     corr[std == 0, :] = np.nan
     corr[:, std == 0] = np.nan
     np.fill_diagonal(corr, 1.0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from sparkdeep.registry import Models, Tables
 from sparkdeep.runs.ids import STEPS
 from sparkdeep.runs.manifest import Manifest
 
@@ -25,7 +26,7 @@ def runs_row(m: Manifest) -> dict:
         "table_versions": {k: int(v) for k, v in m.table_versions().items()},
         "row_counts": {f"{s}.{k}": int(v) for s, e in steps.items() for k, v in e.rows.items()},
         "metrics_json": json.dumps(r.metrics, sort_keys=True),
-        "model_path": r.models.get("pipeline"),
+        "model_path": r.models.get(Models.PIPELINE),
         "step_wall_s": {s: float(e.wall_s) for s, e in steps.items() if e.wall_s is not None},
         "manifest_path": m.path,
     }
@@ -35,7 +36,7 @@ def record_run(spark, m: Manifest) -> None:
     """Upsert the run's row into the Delta table ``<output>/tables/runs`` (MERGE on run_id)."""
     from delta.tables import DeltaTable
     from sparkdeep import delta_io
-    path = m.paths.table("runs")
+    path = m.paths.table(Tables.RUNS)
     row = spark.createDataFrame([runs_row(m)], RUNS_SCHEMA)
     if not delta_io.is_table(spark, path):
         try:

@@ -94,6 +94,14 @@ def test_a_bad_spec_names_the_key_and_the_file(tmp_path, body, match):
     assert path in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["train", "Holdout", "runs", "predictions"])
+def test_a_data_set_named_like_a_steps_table_is_refused(tmp_path, name):
+    """Its table would be the step's: prepare's split would overwrite the source rows."""
+    body = {"source": {"format": "parquet", "path": "p"}, "label": {"column": "y", "task": "binary"}}
+    with pytest.raises(SpecError, match=rf"key 'name': '{name}' would name the table '{name}'"):
+        load_spec(write_spec(tmp_path, name, body))
+
+
 def test_an_unknown_key_is_named_and_dataset_overrides_apply(tmp_path):
     path = write_spec(tmp_path, "d", {"source": {"format": "parquet", "path": "p"}, "lable": {}})
     with pytest.raises(SpecError, match=rf"unknown key 'lable' in dataset spec '{path}'"):
