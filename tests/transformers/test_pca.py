@@ -205,3 +205,34 @@ def test_a_constant_column_is_refused_for_scaling_whatever_its_rounding(spark, s
     df = spark.createDataFrame([(Vectors.dense(r),) for r in x], ["features"]).repartition(partitions)
     with pytest.raises(ValueError, match=r"constant features \['features\[2\]'\]"):
         CenteredPCA(inputCol="features", k=2, scale=True, solver=solver).fit(df)
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 24])
+def test_the_scatter_matrix_reaches_the_driver_whole_in_any_number_of_pieces(spark, chunk, monkeypatch):
+    """A partition's p x p matrix travels as float64 bytes, cut into rows of ``chunk``
+    values; put back together it is numpy's, with the null and NaN rows counted."""
+    import sparkdeep.transformers.pca as pca
+    monkeypatch.setattr(pca, "SCATTER_CHUNK", chunk)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(60, 6)) * [1, 10, 100, 0.1, 3, 1e4] + [0, 0, 5, 1e6, -3, 0]
+    rows = [(Vectors.dense(r),) for r in x] + [(None,), (Vectors.dense([np.nan] * 6),)]
+    df = spark.createDataFrame(rows, ["v"]).repartition(3)
+    n, mean, scatter, bad = pca.centred_scatter(df, "v", 6)
+    xc = x - x.mean(axis=0)
+    assert (n, bad) == (60, 2)
+    np.testing.assert_allclose(mean, x.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(scatter, xc.T @ xc, rtol=1e-9)
+
+
+def test_redundant_pairs_are_the_upper_triangles_pairs_above_the_limit_in_row_order():
+    from sparkdeep.transformers.selection import redundant_pairs
+    rng = np.random.default_rng(2)
+    c = np.corrcoef(rng.normal(size=(8, 40)) + rng.normal(size=(1, 40)) * np.arange(8)[:, None] / 3)
+    i, j, s = redundant_pairs(c, 0.7)
+    iu = np.triu_indices(len(c), k=1)
+    want = np.abs(c[iu]) > 0.7
+    assert want.any() and not want.all()
+    np.testing.assert_array_equal(i, iu[0][want])
+    np.testing.assert_array_equal(j, iu[1][want])
+    np.testing.assert_array_equal(s, np.abs(c[iu])[want])
+    assert [len(a) for a in redundant_pairs(c, 1.0)] == [0, 0, 0]
