@@ -281,3 +281,12 @@ def test_a_filter_naming_a_dotted_column_without_backticks_says_to_quote_it(spar
                                       "label": {"column": "y", "task": "binary"}, "filter": "g.GENE1 > 0"})
     with pytest.raises(SourceError, match=r"'g\.GENE1' is not a column .*backticks, e\.g\. `g\.GENE1`"):
         run_ingest(spark, config(spec, tmp_path / "out"))
+
+
+def test_distinct_counts_of_oddly_named_columns_in_one_pass(spark):
+    from sparkdeep.pipelines.ingest import approx_distinct
+    names_ = ["x.a", "b`tick", "größe (kg)", "flag", "empty"]
+    df = spark.createDataFrame([("p", "1", "a", True, None), ("q", "1", "b", False, None), ("p", None, "c", True, None)],
+                               "`x.a` string, `b``tick` string, `größe (kg)` string, flag boolean, empty string")
+    assert approx_distinct(df, names_) == {"x.a": 2, "b`tick": 1, "größe (kg)": 3, "flag": 2, "empty": 0}
+    assert approx_distinct(df, []) == {}
