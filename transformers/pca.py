@@ -341,8 +341,11 @@ def _pass_row(n, bad, lo, hi, a: np.ndarray, b: np.ndarray):
     return pa.RecordBatch.from_pydict({
         "n": pa.array([n], pa.int64()), "bad": pa.array([bad], pa.int64()),
         "len_lo": pa.array([lo], pa.int64()), "len_hi": pa.array([hi], pa.int64()),
-        "a": pa.array([np.ascontiguousarray(a, dtype="<f8").tobytes()], pa.binary()),
-        "b": pa.array([np.ascontiguousarray(b, dtype="<f8").tobytes()], pa.binary())})
+        "a": pa.array([_f8_bytes(a)], pa.binary()), "b": pa.array([_f8_bytes(b)], pa.binary())})
+
+
+def _f8_bytes(a) -> bytes:
+    return np.ascontiguousarray(a, dtype="<f8").tobytes()
 
 
 def _floats(data) -> np.ndarray:
@@ -441,7 +444,7 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
             if not len(x):
                 continue
             n, mean, scatter = _merge(n, mean, scatter, *_moments(x))
-        flat = np.zeros(0) if scatter is None else np.ascontiguousarray(scatter, dtype="<f8").ravel()
+        flat = np.zeros(0) if scatter is None else np.ravel(scatter)
         pieces = [flat[i:i + chunk] for i in range(0, len(flat), chunk)] or [flat]
         schema = _scatter_arrow_schema()
         for k, piece in enumerate(pieces):
@@ -450,8 +453,8 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
                 "piece": [k], "pieces": [len(pieces)],
                 "n": [n if first else 0], "bad": [bad + matrices.nulls if first else 0],
                 **(matrices.length_columns() if first else {"len_lo": [None], "len_hi": [None]}),
-                "mean": [b"" if mean is None or not first else np.asarray(mean, dtype="<f8").tobytes()],
-                "scatter": [piece.tobytes()]},
+                "mean": [b"" if mean is None or not first else _f8_bytes(mean)],
+                "scatter": [_f8_bytes(piece)]},
                 schema=schema)
 
     if values is None:
@@ -468,9 +471,9 @@ def centred_scatter(df: DataFrame, col: str, p: int, values=None,
                 require_one_length([{"len_lo": row["len_lo"] - appended, "len_hi": row["len_hi"] - appended}],
                                    col, p - appended)
             bad += row["bad"]
-        pieces.append(np.frombuffer(row["scatter"], dtype="<f8"))
+        pieces.append(_floats(row["scatter"]))
         if len(pieces) == row["pieces"] and head["n"]:
-            m = np.frombuffer(head["mean"], dtype="<f8").copy()
+            m = _floats(head["mean"]).copy()
             s = pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
             pieces = []
             n, mean, scatter = _merge(n, mean, scatter, head["n"], m, s.reshape(len(m), len(m)))
