@@ -1,8 +1,8 @@
-"""One Horovod rank as a process: ``python -m sparkdeep._rank_process WORKDIR``.
+"""One training rank as a process: ``python -m sparkdeep._rank_process WORKDIR``.
 
 Started by its Spark barrier task (:func:`sparkdeep.distributed._rank_task`), which wrote
 ``WORKDIR/call.pkl`` (the function and its arguments, pickled on this run's driver) and
-set the Horovod variables. Beats to the driver while it runs; writes ``result.pkl``, or on
+set its variables (``SPARKDEEP_RANK``, and its backend's: Horovod's or ``TF_CONFIG``). Beats to the driver while it runs; writes ``result.pkl``, or on
 an exception ``failure.txt`` (also sent to the driver) and exits 1.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import traceback
 
 
 def main(work: str) -> int:
-    from sparkdeep.distributed import _BEAT_ENV, heartbeat, send
+    from sparkdeep.distributed import _BEAT_ENV, RANK_ENV, heartbeat, send
 
-    rank = os.environ.get("HOROVOD_RANK", "?")
+    rank = os.environ.get(RANK_ENV, "?")
     setting = os.environ.get(_BEAT_ENV, "")
     if setting:
         heartbeat(rank, setting)
@@ -37,7 +37,7 @@ def main(work: str) -> int:
                 pass  # the task reports failure.txt with the stage
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(1)  # no atexit hooks: Horovod's shutdown may block on a peer that is gone
+        os._exit(1)  # no atexit hooks: a backend's shutdown may block on a peer that is gone
     with open(os.path.join(work, "result.pkl.tmp"), "wb") as fh:
         fh.write(data)
     os.replace(os.path.join(work, "result.pkl.tmp"), os.path.join(work, "result.pkl"))

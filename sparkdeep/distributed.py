@@ -1,19 +1,29 @@
-"""Run a function on N Horovod ranks launched as one Spark barrier stage.
+"""Run a function on N ranks launched as one Spark barrier stage.
 
-:func:`run_on_ranks` starts Horovod's Gloo rendezvous server on the driver and runs one
-**barrier** Spark stage of ``num_proc`` tasks (``mapInArrow(..., barrier=True)`` over the
+:func:`run_on_ranks` runs one **barrier** Spark stage of ``num_proc`` tasks (``mapInArrow(..., barrier=True)`` over the
 repartitioned ``data``, or a barrier RDD when there is none). Each task:
 
 1. receives its own partition as Arrow batches and spills it, as it arrives, to the
    task's local disk (a ``spill`` object decides the format: :class:`ShardSpill` for
    training), so no copy of the data passes through a folder every executor must see;
-2. learns every task's row counts and host with one ``allGather`` (nothing is read twice);
-   task 0 sends the host plan to the driver, which initialises the rendezvous;
-3. starts the rank as a child process (``python -m sparkdeep._rank_process``) with the
-   Horovod variables (rank = partition id, local and cross ranks from the task hosts),
-   the Gloo rendezvous address, the Spark-assigned GPUs, and the shipped code on its path;
-   the child dies with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
+2. learns every task's row counts, host (and, for TensorFlow, a free port) with one
+   ``allGather`` (nothing is read twice); task 0 sends the host plan to the driver;
+3. starts the rank as a child process (``python -m sparkdeep._rank_process``) with
+   ``SPARKDEEP_RANK``/``SPARKDEEP_SIZE`` (rank = partition id), the variables of its
+   ``backend``, the Spark-assigned GPUs, and the shipped code on its path; the child dies
+   with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
 4. returns the child's pickled result as one Arrow row.
+
+Two backends say how the ranks find each other (``backend=``):
+
+- ``horovod``: the driver runs Horovod's Gloo rendezvous server, initialised with the host
+  plan; each rank gets the ``HOROVOD_*`` variables (local and cross ranks from the task
+  hosts) and ``HOROVOD_GLOO_TIMEOUT_SECONDS``;
+- ``tensorflow``: no Horovod import anywhere; each rank gets ``TF_CONFIG`` naming every
+  task's host and port (a worker cluster for ``MultiWorkerMirroredStrategy``).
+
+Both get ``SPARKDEEP_COLLECTIVE_TIMEOUT``: twice the stall timeout, so that a frozen rank is
+found by its missing heartbeat (and named) before a peer's collective gives up on it.
 
 Failures end the run with a :class:`RankFailedError` naming the rank, never a hang:
 
@@ -22,7 +32,9 @@ Failures end the run with a :class:`RankFailedError` naming the rank, never a ha
   the stage's other tasks (barrier semantics), and their ranks with them;
 - each rank sends a heartbeat every few seconds from a thread of its own; a rank silent for
   ``stall_timeout`` seconds (frozen, swapped out, its host unreachable) makes the driver
-  cancel the stage's job (by job tag), which kills every task and rank;
+  cancel the stage's job (by job tag), which kills every task and rank; when a collective
+  fails first, the driver still names a rank whose heartbeats stopped, not the peer whose
+  collective timed out waiting for it;
 - a barrier result stage is not retried by Spark; a task attempt after the first (a
   speculative or retried copy) refuses to start a second copy of its rank.
 """
@@ -30,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -43,16 +56,19 @@ log = logging.getLogger(__name__)
 _BEAT_ENV = "SPARKDEEP_HEARTBEAT"  # "host:port:token:interval_s", set for the ranks
 RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled partition
 DEVICES_ENV = "SPARKDEEP_DEVICES"  # the GPU addresses Spark gave the rank's task
+RANK_ENV, SIZE_ENV = "SPARKDEEP_RANK", "SPARKDEEP_SIZE"  # this rank and the number of ranks
+TIMEOUT_ENV = "SPARKDEEP_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for a peer
+BACKENDS = ("horovod", "tensorflow")
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
 
 
 class RankFailedError(RuntimeError):
-    """A Horovod rank raised; ``rank`` and ``message`` say which and why."""
+    """A rank raised, exited or stalled; ``rank`` and ``message`` say which and why."""
 
     def __init__(self, rank: int | None, message: str):
         self.rank = rank
         self.message = message
-        who = f"Horovod rank {rank}" if rank is not None else "A Horovod rank"
+        who = f"Training rank {rank}" if rank is not None else "A training rank"
         super().__init__(f"{who} failed: {message}")
 
 
@@ -177,7 +193,7 @@ def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
     setting = os.environ.get(_BEAT_ENV, "")
     if not setting:
         raise RuntimeError(f"put({name!r}): not inside a rank started by run_on_ranks")
-    rank = os.environ.get("HOROVOD_RANK", "0")
+    rank = os.environ.get(RANK_ENV, "0")
     address, line = _address_and_line(setting, "put", rank, f"{len(data)} {name}")
     with socket.create_connection(address, timeout=timeout) as conn:
         conn.settimeout(timeout)
@@ -234,7 +250,11 @@ def heartbeat(rank, setting: str) -> None:
 
 # Errors a rank raises only because another rank left the ring first.
 _COLLATERAL = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcast",
-               "HorovodAllgather", "Gloo", "gloo", "connection closed by peer", "Connection reset by peer")
+               "HorovodAllgather", "Gloo", "gloo", "connection closed by peer", "Connection reset by peer",
+               # TensorFlow's collectives and coordination service, when a peer went away
+               "UnavailableError", "Collective ops is aborted", "CancelledError", "DeadlineExceededError",
+               "Socket closed", "failed to connect to all addresses", "heartbeat timeout",
+               "The coordination service", "coordination service has stopped")
 
 
 def _is_collateral(message: str) -> bool:
@@ -268,6 +288,45 @@ def host_plan(hosts: list[str]) -> list[dict]:
         slot["cross_rank"] = [p["rank"] for p in peers].index(slot["rank"])
         slot["cross_size"] = len(peers)
     return plan
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now (the rank's TensorFlow server binds it moments later)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def tf_config(hosts: list[str], ports: list[int], rank: int) -> str:
+    """``TF_CONFIG`` for rank ``rank`` of a worker cluster: every task's ``host:port``."""
+    return json.dumps({"cluster": {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports)]},
+                       "task": {"type": "worker", "index": rank}})
+
+
+def backend_env(backend: str, conf: dict, plan: list[dict], ports: list[int], rank: int) -> dict:
+    """The variables by which rank ``rank`` finds its peers under ``backend``."""
+    slot = plan[rank]
+    if backend == "tensorflow":
+        return {"TF_CONFIG": tf_config([p["hostname"] for p in plan], ports, rank)}
+    rendezvous_host, rendezvous_port = conf["rendezvous"]
+    env = {"HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(rank),
+           "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
+           "HOROVOD_LOCAL_SIZE": str(slot["local_size"]), "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
+           "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+           "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(math.ceil(conf["collective_timeout"])))}
+    iface = _interface_for(rendezvous_host)
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    return env
+
+
+def collective_timeout(stall_timeout: float) -> float:
+    """How long a collective may wait for a peer: twice the stall timeout (the heartbeat
+    watchdog fires first and names a frozen rank); 30 minutes without a watchdog."""
+    return 2.0 * stall_timeout if stall_timeout else 1800.0
 
 
 def _interface_for(address: str) -> str | None:
@@ -351,7 +410,9 @@ def _rank_task(batches, conf: dict, payload: bytes):
                 pass  # the stage's own error still names the task
             raise
         hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
-        gathered = [json.loads(g) for g in ctx.allGather(json.dumps(counts))]
+        port = _free_port() if conf["backend"] == "tensorflow" else 0
+        shared = [json.loads(g) for g in ctx.allGather(json.dumps({"counts": counts, "port": port}))]
+        gathered, ports = [g["counts"] for g in shared], [int(g["port"]) for g in shared]
         with open(os.path.join(data, "ranks.json"), "w") as fh:
             json.dump({"counts": gathered, "hosts": hosts}, fh)
         # Unusable shards are found here, before any rank starts (no TensorFlow import, no
@@ -360,28 +421,18 @@ def _rank_task(batches, conf: dict, payload: bytes):
         problems = [check(gathered, r) for r in range(len(gathered))] if check else []
         if problems and problems[rank]:
             send(setting, "fail", rank, problems[rank])
-            raise RuntimeError(f"Horovod rank {rank} failed: {problems[rank]}")
+            raise RuntimeError(f"Training rank {rank} failed: {problems[rank]}")
         if any(problems):
             raise RuntimeError(f"rank {rank} not started: {next(p for p in problems if p)}")
         plan = host_plan(hosts)
         if rank == 0:
             send(setting, "plan", 0, json.dumps(plan), wait_reply=True)
         ctx.barrier()  # the rendezvous holds the plan before any rank connects
-        slot = plan[rank]
-        rendezvous_host, rendezvous_port = conf["rendezvous"]
-        env = {**os.environ, **conf["env"],
-               "HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(rank),
-               "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
-               "HOROVOD_LOCAL_SIZE": str(slot["local_size"]), "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
-               "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
-               "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        env = {**os.environ, **conf["env"], **backend_env(conf["backend"], conf, plan, ports, rank),
+               RANK_ENV: str(rank), SIZE_ENV: str(len(plan)), TIMEOUT_ENV: f"{conf['collective_timeout']:g}",
                RANK_DATA_ENV: data, _BEAT_ENV: setting, "PYTHONUNBUFFERED": "1",
                # The shipped --py-files archives are on this worker's path, not on a new process's.
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        iface = _interface_for(rendezvous_host)
-        if iface:
-            env["HOROVOD_GLOO_IFACE"] = iface
         gpus = ctx.resources().get("gpu")
         if gpus is not None and gpus.addresses:
             env["CUDA_VISIBLE_DEVICES"] = env[DEVICES_ENV] = ",".join(gpus.addresses)
@@ -416,7 +467,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
                 message = (f"process exited (code {code}) without a Python exception (killed, out of memory, or "
                            f"os._exit); its last output: {' | '.join(list(tail)[-5:])}")
                 send(setting, "fail", rank, message)
-            raise RuntimeError(f"Horovod rank {rank} failed: {message}")
+            raise RuntimeError(f"Training rank {rank} failed: {message}")
         with open(os.path.join(work, "result.pkl"), "rb") as fh:
             result = fh.read()
         return rank, result
@@ -430,8 +481,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, data=None, spill=None, stall_timeout: float = 120.0,
                  env: dict | None = None, stdout=None,
-                 on_put: Callable[[int, str, bytes], None] | None = None) -> list:
-    """Run ``fn(*args, **kwargs)`` on ``num_proc`` Horovod ranks; return results by rank.
+                 on_put: Callable[[int, str, bytes], None] | None = None, backend: str = "horovod") -> list:
+    """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks; return results by rank.
 
     ``data`` (a DataFrame), when given, is repartitioned into ``num_proc`` partitions and
     rank r receives partition r, written by ``spill`` (an object with ``open(folder)``,
@@ -443,7 +494,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     ended with an error naming it (0 = no watchdog). ``on_put(rank, name, data)``: called on
     the driver (a thread of its own) for each :func:`put` of a rank; what it raises is
     raised in that rank. ``stdout``: a stream for the ranks' output lines (default: the
-    ``sparkdeep.distributed`` logger, at INFO).
+    ``sparkdeep.distributed`` logger, at INFO). ``backend``: how the ranks find each other,
+    ``'horovod'`` (Gloo rendezvous, ``HOROVOD_*``) or ``'tensorflow'`` (``TF_CONFIG``; no
+    Horovod import on the driver or in the ranks).
 
     Raises
     ------
@@ -452,10 +505,10 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     """
     import cloudpickle
     import pyarrow as pa
-    from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousServer
     from pyspark import SparkContext
 
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 seconds, got {stall_timeout}")
     if num_proc < 1:
@@ -467,15 +520,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         raise RuntimeError("run_on_ranks needs an active SparkContext")
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     out = stdout  # None: the ranks' lines go to this module's logger
-    rendezvous = RendezvousServer(verbose=0)
-
-    def on_plan(plan: list) -> None:
-        rendezvous.init([SlotInfo(hostname=p["hostname"], rank=p["rank"], local_rank=p["local_rank"],
-                                  cross_rank=p["cross_rank"], size=p["size"], local_size=p["local_size"],
-                                  cross_size=p["cross_size"]) for p in plan])
-
+    rendezvous, on_plan = _rendezvous(backend)
     channel = _Channel(host, on_plan, out, on_put)
-    port = rendezvous.start()
+    port = rendezvous.start() if rendezvous is not None else 0
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
     # Ranks start from the executor's environment; forward the driver's settings that
     # steer training (ours, Horovod's, TensorFlow's, NCCL's), plus any ``env`` given.
@@ -483,7 +530,8 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                  and k not in (_BEAT_ENV, RANK_DATA_ENV, DEVICES_ENV)}
     forwarded.update(env or {})
     conf = {"channel": f"{channel.address}:{channel.token}:{interval:g}", "rendezvous": (host, port),
-            "env": forwarded, "spill": spill}
+            "env": forwarded, "spill": spill, "backend": backend,
+            "collective_timeout": collective_timeout(stall_timeout)}
     shipped = sc.broadcast(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
     tag = f"sparkdeep-ranks-{uuid.uuid4().hex[:12]}"
     stall: dict = {}
@@ -524,15 +572,32 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                                         f"timeout {stall_timeout:g} s): frozen, swapped out, or its host is "
                                         "unreachable. The run was cancelled and its rank processes "
                                         "ended") from exc
-        _explain(exc, channel)
+        _explain(exc, channel, silent_after=2.5 * interval)
         raise  # pragma: no cover - _explain always raises
     finally:
         done.set()
         sc.removeJobTag(tag)
         sc.setInterruptOnCancel(False)  # Spark's default, for this thread's later jobs
         channel.close()
-        rendezvous.stop()
+        if rendezvous is not None:
+            rendezvous.stop()
         shipped.destroy()
+
+
+def _rendezvous(backend: str):
+    """The driver's rendezvous for ``backend`` (Horovod's Gloo server, or None) and what to
+    do with the host plan task 0 sends."""
+    if backend != "horovod":
+        return None, lambda plan: None
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousServer
+    rendezvous = RendezvousServer(verbose=0)
+
+    def on_plan(plan: list) -> None:
+        rendezvous.init([SlotInfo(hostname=p["hostname"], rank=p["rank"], local_rank=p["local_rank"],
+                                  cross_rank=p["cross_rank"], size=p["size"], local_size=p["local_size"],
+                                  cross_size=p["cross_size"]) for p in plan])
+    return rendezvous, on_plan
 
 
 def _stalled(beats: dict, timeout: float):
@@ -545,12 +610,25 @@ def _stalled(beats: dict, timeout: float):
     return rank, silent_s, pid
 
 
-def _explain(exc: BaseException, channel: _Channel) -> None:
-    """Raise the RankFailedError that names the rank behind the failed stage ``exc``."""
+def _explain(exc: BaseException, channel: _Channel, silent_after: float = 25.0) -> None:
+    """Raise the RankFailedError that names the rank behind the failed stage ``exc``.
+
+    A rank whose heartbeats stopped ``silent_after`` seconds ago while it has not finished
+    (frozen: it reports nothing) is named first: a peer's collective that timed out
+    waiting for it is a consequence, not the cause."""
     deadline = time.time() + 3.0
     # A rank's own report can trail Spark's news of the stage failure by a moment.
     while time.time() < deadline and all(_is_collateral(m) for _, m in channel.failures):
         time.sleep(0.1)
+    reporters = {r for r, _ in channel.failures}
+    frozen = _stalled({r: b for r, b in channel.beats.items() if r not in reporters}, silent_after)
+    if frozen is not None:
+        rank, silent_s, pid = frozen
+        others = sorted(reporters)
+        then = (f"; rank(s) {', '.join(map(str, others))} then failed waiting for it "
+                f"({_root_cause(channel.failures)[1][:300]})") if others else ""
+        raise RankFailedError(rank, f"stalled: no heartbeat for {silent_s:.0f} s (process {pid}): frozen, "
+                                    f"swapped out, or its host is unreachable{then}") from exc
     if channel.failures:
         rank, message = _root_cause(channel.failures)
         others = sorted({r for r, _ in channel.failures if r != rank})
@@ -558,7 +636,7 @@ def _explain(exc: BaseException, channel: _Channel) -> None:
             message += f" (then rank(s) {', '.join(map(str, others))} stopped too)"
         raise RankFailedError(rank, message) from exc
     text = str(exc)
-    match = re.search(r"Horovod rank (\d+) failed: ([^\n]*)", text)
+    match = re.search(r"Training rank (\d+) failed: ([^\n]*)", text)
     if match:
         raise RankFailedError(int(match.group(1)), match.group(2).strip()) from exc
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__

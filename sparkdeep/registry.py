@@ -44,5 +44,8 @@ class Choices:
     its params against them, the ranks act on them."""
     LR_SCHEDULES = ("constant", "cosine")   # after warm-up: hold the rate, or decay it to 5%
     COMPRESSIONS = ("none", "fp16")         # the gradients on the wire
+    # How the ranks agree (transformers/keras/strategies.py): Horovod ring all-reduce, TensorFlow's
+    # collective all-reduce (no Horovod), local SGD (K updates alone, then the weights averaged).
+    STRATEGIES = ("horovod", "collective", "local_sgd")
     ENCODINGS = ("embedding", "onehot")     # prepare: categories as indices for embeddings, or one-hot
     NORMALIZATIONS = ("layer", "batch", "none")  # the tabular network's hidden layers

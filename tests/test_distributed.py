@@ -22,7 +22,7 @@ def put_files():
     import os
 
     from sparkdeep.distributed import put
-    rank = int(os.environ["HOROVOD_RANK"])
+    rank = int(os.environ["SPARKDEEP_RANK"])
     put(f"r{rank}.bin", bytes(range(256)) * (4096 * (rank + 1)))  # 1 and 2 MiB, beyond a line's limit
     try:
         put("refused", b"x")

@@ -1,4 +1,4 @@
-"""What each Horovod rank runs: stream its own shard, train with all-reduce, report.
+"""What each rank runs: stream its own shard, train under its strategy, report.
 
 Kept in an importable module (not a closure) so ranks unpickle it by reference and
 autograph finds its source. Everything a rank needs arrives in one typed
@@ -12,10 +12,15 @@ schedule (:func:`learning_rate_at`), early stopping (:class:`EarlyStopping`), th
 (:class:`Steps`) and the epoch loop (:func:`run_epoch`), which takes the all-reduce as a
 function, so a test can run it in one process with an identity all-reduce.
 
+How the ranks agree is the spec's ``strategy`` (:mod:`.keras.strategies`: Horovod's ring
+all-reduce, TensorFlow's collective all-reduce, or local SGD); this module imports neither
+Horovod nor TensorFlow's distribution code itself.
+
 The training step is split in three so each part can be timed: local gradients
-(``tf.function``), the all-reduce (Horovod, eager) and the optimizer update
+(``tf.function``), the strategy's reduction (eager) and the optimizer update
 (``tf.function``). Per epoch rank 0 prints loss, metrics, samples/s and how the time
-went: waiting for input, computing, all-reducing.
+went: waiting for input, computing, communicating (and, with ``measure_wait``, waiting
+for the other ranks before communicating).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -203,16 +209,21 @@ class RankSpec:
     has_weight: bool
     has_validation: bool
     shuffle_buffer_rows: int
+    strategy: str
+    local_steps: int
+    measure_wait: bool
     checkpoint_dir: str | None = None
     # A resumed run: completed_epochs, history, model_bytes, optimizer_bytes (rank 0's state).
     resume: dict | None = field(default=None)
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads"):
+        for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads", "local_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
         if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
             raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
+        if self.strategy not in Choices.STRATEGIES:
+            raise ValueError(f"RankSpec: strategy {self.strategy!r}")
 
     def describe(self) -> dict:
         """The spec without its bytes (for logs and reports)."""
@@ -261,11 +272,15 @@ class Steps:
 
 
 def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulation: int,
-              allreduce: Callable, set_lr: Callable[[], float], metrics=()) -> dict:
+              allreduce: Callable, set_lr: Callable[[], float], metrics=(),
+              after_update: Callable[[], bool] | None = None, wait: Callable[[], None] | None = None) -> dict:
     """One epoch: ``updates`` optimizer updates of ``accumulation`` batches each, gradients
-    all-reduced once per update. Returns the mean batch loss, the rows and batches seen,
-    the last learning rate and how the time went (input, compute, all-reduce)."""
-    t_input = t_compute = t_comm = 0.0
+    reduced by ``allreduce`` once per update, then ``after_update()`` (a strategy's own
+    exchange, e.g. local SGD's weight average; timed as communication). With ``wait``,
+    a barrier before each reduction, timed apart: time spent waiting for the other ranks.
+    Returns the mean batch loss, the rows and batches seen, the last learning rate and how
+    the time went (input, compute, communication, waiting)."""
+    t_input = t_compute = t_comm = t_wait = 0.0
     total, rows, batches_seen, lr = 0.0, 0, 0, float("nan")
     first_step = None
     for m in metrics:
@@ -289,15 +304,24 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
                 first_step = time.time()
         if accumulation > 1:
             acc = [a / accumulation for a in acc]
+        if wait is not None:
+            tw = time.perf_counter()
+            wait()
+            t_wait += time.perf_counter() - tw
         tc = time.perf_counter()
         reduced = allreduce(acc)
         td = time.perf_counter()
         lr = set_lr()
         steps.apply(reduced)
+        te = time.perf_counter()
         t_comm += td - tc
-        t_compute += time.perf_counter() - td
+        t_compute += te - td
+        if after_update is not None:
+            after_update()
+            t_comm += time.perf_counter() - te
     return {"loss": total / max(batches_seen, 1), "rows": rows, "batches": batches_seen, "learning_rate": lr,
-            "input_s": t_input, "compute_s": t_compute, "allreduce_s": t_comm, "first_step": first_step}
+            "input_s": t_input, "compute_s": t_compute, "allreduce_s": t_comm, "wait_s": t_wait,
+            "first_step": first_step}
 
 
 def evaluate_stream(steps: Steps, batches: Iterator[tuple], metrics=()) -> tuple[float, int]:
@@ -339,11 +363,11 @@ def train_rank(spec: RankSpec) -> dict:
 
     tf.config.threading.set_intra_op_parallelism_threads(int(spec.threads))
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    import horovod.tensorflow as hvd
     import keras
 
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    from .keras import strategies
+    strategy = strategies.make(spec.strategy, spec)
+    rank, size = strategy.start()
     keras.utils.set_random_seed(int(spec.seed) + rank)
 
     resume = spec.resume
@@ -373,21 +397,16 @@ def train_rank(spec: RankSpec) -> dict:
     steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task)
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
-    # replicas start identical and stay identical under averaged gradients.
-    for i, var in enumerate(list(model.variables) + list(optimizer.variables)):
-        var.assign(hvd.broadcast(tf.convert_to_tensor(var), root_rank=0, name=f"init_{i}"))
-
-    compression = hvd.Compression.fp16 if spec.compression == "fp16" else hvd.Compression.none
-    grad_bytes = sum(int(np.prod(v.shape)) for v in model.trainable_variables) * (
-        2 if spec.compression == "fp16" else 4)
+    # replicas start identical (and, synchronous, stay identical under averaged gradients).
+    strategy.broadcast(list(model.variables) + list(optimizer.variables))
     train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
     val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
 
-    def allreduce(grads):
-        return hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
+    def average(value: float, name: str = "") -> float:
+        return strategy.average(value)
 
-    def average(value: float, name: str) -> float:
-        return float(hvd.allreduce(tf.constant(float(value)), op=hvd.Average, name=name))
+    def after_update() -> bool:
+        return strategy.after_update(model, update_no)
 
     after_epoch = after_epoch_hook()  # None unless a test injects a failure
     history = list(resume["history"]) if resume else []
@@ -401,7 +420,6 @@ def train_rank(spec: RankSpec) -> dict:
     checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
     update_no = start_epoch * updates
-    comm_calls = 0
     seen_rows = []
 
     def set_lr() -> float:
@@ -413,13 +431,17 @@ def train_rank(spec: RankSpec) -> dict:
 
     for epoch in range(start_epoch, epochs):
         t0 = time.time()
+        bytes_before = strategy.bytes
         batches = Prefetch(feed.epoch(epoch, steps_n), depth=3, convert=_as_tensors)
         try:
-            done = run_epoch(steps, batches, updates=updates, accumulation=accum, allreduce=allreduce,
-                             set_lr=set_lr, metrics=train_metrics)
+            done = run_epoch(steps, batches, updates=updates, accumulation=accum, allreduce=strategy.gradients,
+                             set_lr=set_lr, metrics=train_metrics, after_update=after_update,
+                             wait=strategy.wait if spec.measure_wait else None)
+            t_sync = time.perf_counter()
+            strategy.end_epoch(model)
+            done["allreduce_s"] += time.perf_counter() - t_sync
         finally:
             batches.close()
-        comm_calls += updates
         seen_rows.append(done["rows"])
         t_first_step = t_first_step or done["first_step"]
         seconds = time.time() - t0
@@ -427,12 +449,13 @@ def train_rank(spec: RankSpec) -> dict:
                   "learning_rate": float(done["learning_rate"]), "seconds": round(seconds, 3),
                   "samples_per_s": round(average(done["rows"], f"rows_{epoch}") * size / seconds, 1),
                   "input_s": round(done["input_s"], 3), "compute_s": round(done["compute_s"], 3),
-                  "allreduce_s": round(done["allreduce_s"], 3)}
+                  "allreduce_s": round(done["allreduce_s"], 3), "wait_s": round(done["wait_s"], 3),
+                  "comm_bytes": strategy.bytes - bytes_before}
         for m in train_metrics:
             record[m.name] = average(m.result(), f"train_{m.name}_{epoch}")
         if val_feed is not None:
             total, n = evaluate_stream(steps, val_feed.sequential(), val_metrics)
-            sums = hvd.allreduce(tf.constant([total, float(n)], tf.float64), op=hvd.Sum, name=f"eval_{epoch}")
+            sums = strategy.sum([total, float(n)])
             record["val_loss"] = float(sums[0] / max(float(sums[1]), 1.0))
             for m in val_metrics:
                 record[f"val_{m.name}"] = average(m.result(), f"eval_{m.name}_{epoch}")
@@ -446,10 +469,11 @@ def train_rank(spec: RankSpec) -> dict:
             left = (epochs - epoch - 1) * seconds
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
                              if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
-                                          "input_s", "compute_s", "allreduce_s"))
+                                          "input_s", "compute_s", "allreduce_s", "wait_s", "comm_bytes"))
             log.info(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
                      f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
                      f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
+                     + (f"wait={done['wait_s']:.1f}s " if spec.measure_wait else "") +
                      f"({seconds:.1f}s, ~{left:.0f}s left)")
             if spec.checkpoint_dir:
                 t_ck = time.time()
@@ -474,7 +498,8 @@ def train_rank(spec: RankSpec) -> dict:
         "rows_per_epoch": plan.rows_per_epoch[rank], "trimmed_per_epoch": plan.trimmed_per_epoch[rank],
         "rows_seen": seen_rows, "max_window_rows": feed.max_window_rows,
         "steps_per_epoch": steps_n, "updates_per_epoch": updates, "stopped_early": stopping.stopped,
-        "allreduce_calls": comm_calls, "allreduce_bytes": comm_calls * grad_bytes, "devices": pinned,
+        "strategy": spec.strategy, "allreduce_calls": strategy.calls, "allreduce_bytes": strategy.bytes,
+        "devices": pinned, "horovod_imported": "horovod" in sys.modules,
         "weights_digest": weights_digest(model),
         # Where this rank imported the project from: the shipped archive on a cluster.
         "code_path": _code_root(),

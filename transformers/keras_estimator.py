@@ -48,6 +48,7 @@ from sparkdeep.registry import Choices
 from sparkdeep.storage import Storage
 
 from . import _rank_training
+from .keras import strategies
 from ._rank_feed import ShardSpill, chunk_rows_for
 from ._vectors import list_matrix, require_new
 from .keras_models import DEFAULT_BUILDERS
@@ -165,6 +166,18 @@ class _HorovodRunParams(Params):
     stallTimeout = Param(Params._dummy(), "stallTimeout",
                          "seconds a rank may go without a heartbeat before fit fails naming it (> 0)",
                          typeConverter=TypeConverters.toFloat)
+    strategy = Param(Params._dummy(), "strategy",
+                     "how the ranks agree: 'horovod' (ring all-reduce of the gradients every update), "
+                     "'collective' (TensorFlow's MultiWorkerMirroredStrategy all-reduce; needs no Horovod) or "
+                     "'local_sgd' (localSteps updates alone, then the weights averaged)",
+                     typeConverter=TypeConverters.toString)
+    localSteps = Param(Params._dummy(), "localSteps",
+                       "local_sgd only: updates each rank takes alone between weight averages (K >= 1)",
+                       typeConverter=TypeConverters.toInt)
+    measureWait = Param(Params._dummy(), "measureWait",
+                        "time a barrier before each update's exchange, so the time waiting for the other ranks "
+                        "is reported apart from sending (wait_s; costs one small collective per update)",
+                        typeConverter=TypeConverters.toBoolean)
     shuffleBufferRows = Param(Params._dummy(), "shuffleBufferRows",
                               "rows in each rank's shuffle window (>= 1): a rank holds at most this many rows "
                               "plus one stored chunk and a few batches, whatever its shard's size",
@@ -174,7 +187,7 @@ class _HorovodRunParams(Params):
         super().__init__(*args)
         self._setDefault(numProc=2, epochs=5, batchSize=256, shuffleBufferRows=65536, accumulationSteps=1,
                          compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
-                         lrSchedule="constant")
+                         lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False)
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)
@@ -263,7 +276,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                  validationCol: str | None = None, earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
                  shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
-                 stallTimeout: float | None = None):
+                 stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
+                 measureWait: bool | None = None):
         super().__init__()
         self._setDefault(seed=42)
         self._model_bytes: bytes | None = None
@@ -313,10 +327,12 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
-        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS)):
+        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS),
+                               (self.strategy, Choices.STRATEGIES)):
             if self.getOrDefault(param) not in allowed:
                 raise ValueError(f"{param.name} must be one of {', '.join(map(repr, allowed))}, "
                                  f"got {self.getOrDefault(param)!r}")
+        self._check_strategy_params()
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
         if not 0 <= frac < 1:
             raise ValueError(f"validationFraction must be in [0, 1), got {frac}")
@@ -339,6 +355,20 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             self.getModelArgs()
         except json.JSONDecodeError as exc:
             raise ValueError(f"modelArgs is not a JSON object: {exc}") from None
+
+    def _check_strategy_params(self) -> None:
+        """A param the chosen strategy does not use is an error, not silently ignored."""
+        strategy = self.getOrDefault(self.strategy)
+        if self.getOrDefault(self.localSteps) < 1:
+            raise ValueError(f"localSteps must be >= 1, got {self.getOrDefault(self.localSteps)}")
+        if strategy != "horovod" and self.getOrDefault(self.compression) != "none":
+            raise ValueError(f"compression={self.getOrDefault(self.compression)!r} applies to strategy='horovod' "
+                             f"only (Horovod's fp16 wire format); strategy={strategy!r} sends float32")
+        if strategy == "local_sgd" and self.getOrDefault(self.accumulationSteps) != 1:
+            raise ValueError("accumulationSteps applies to the all-reduce strategies; strategy='local_sgd' already "
+                             "communicates every localSteps updates: set localSteps instead")
+        if strategy != "local_sgd" and self.isSet(self.localSteps):
+            raise ValueError(f"localSteps applies to strategy='local_sgd' only, not strategy={strategy!r}")
 
     def _builder_name(self) -> str:
         return self.getModelBuilder() or DEFAULT_BUILDERS[self.getTask()]
@@ -443,7 +473,9 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
             compression=self.getOrDefault(self.compression), metrics=tuple(self.getOrDefault(self.metrics)),
             early_stopping_patience=self.getOrDefault(self.earlyStoppingPatience), seed=self.getOrDefault(self.seed),
             threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
-            shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), checkpoint_dir=folder, resume=resume)
+            shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), strategy=self.getOrDefault(self.strategy),
+            local_steps=self.getOrDefault(self.localSteps), measure_wait=self.getOrDefault(self.measureWait),
+            checkpoint_dir=folder, resume=resume)
         if resume:
             log.info(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
                      f"{resume['completed_epochs']}")
@@ -452,7 +484,8 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
         results = run_on_ranks(_rank_training.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
                                stall_timeout=self.getOrDefault(self.stallTimeout),
-                               on_put=CheckpointStore(folder, signature) if folder else None)
+                               on_put=CheckpointStore(folder, signature) if folder else None,
+                               backend=strategies.backend_for(spec.strategy))
         t_done = time.time()
 
         chief = results[0]
@@ -465,7 +498,9 @@ class KerasHorovodEstimator(Estimator, _KerasScoringParams, _KerasNetworkParams,
                        "rows_seen": r["rows_seen"], "max_window_rows": r["max_window_rows"],
                        "weights_digest": r["weights_digest"], "allreduce_calls": r["allreduce_calls"],
                        "allreduce_bytes": r["allreduce_bytes"], "devices": r["devices"],
-                       "code_path": r["code_path"]} for r in results],
+                       "code_path": r["code_path"], "horovod_imported": r["horovod_imported"]} for r in results],
+            "strategy": spec.strategy,
+            "local_steps": spec.local_steps if spec.strategy == "local_sgd" else None,
             "steps_per_epoch": chief["steps_per_epoch"],
             "updates_per_epoch": chief["updates_per_epoch"],
             "stopped_early": chief["stopped_early"],

@@ -159,7 +159,8 @@ def test_the_rank_spec_is_typed_and_checked():
     good = dict(model_bytes=b"k", task="binary", loss="binary_crossentropy", optimizer="adam", learning_rate=0.01,
                 scale_lr=True, warmup_epochs=1.0, lr_schedule="cosine", epochs=2, batch_size=32,
                 accumulation_steps=1, compression="none", metrics=("auc",), early_stopping_patience=0, seed=1,
-                threads=1, has_weight=False, has_validation=True, shuffle_buffer_rows=1024)
+                threads=1, has_weight=False, has_validation=True, shuffle_buffer_rows=1024, strategy="horovod",
+                local_steps=1, measure_wait=False)
     spec = RankSpec(**good)
     assert "model_bytes" not in spec.describe() and spec.describe()["batch_size"] == 32
     with pytest.raises(ValueError, match="shuffle_buffer_rows must be >= 1"):

@@ -1,0 +1,11 @@
+"""The Keras network's training, split by concern (issue 24).
+
+- :mod:`.strategies`: how the ranks of one fit agree (the interface, and the choice by name);
+- :mod:`.horovod_ring`: Horovod's ring all-reduce of the gradients every update (the default);
+- :mod:`.tf_collective`: TensorFlow's ``MultiWorkerMirroredStrategy`` collective all-reduce,
+  with no Horovod import at all;
+- :mod:`.local_sgd`: each rank takes K optimizer steps alone, then the ranks average weights.
+
+Adding a strategy is one module here with a :class:`~.strategies.RankStrategy` subclass and
+one line in :data:`~.strategies.STRATEGIES`.
+"""

@@ -1,0 +1,105 @@
+"""How the ranks of one fit agree: one interface, one module per strategy.
+
+A rank's training loop (:func:`sparkdeep.transformers._rank_training.train_rank`) knows
+nothing of Horovod or TensorFlow's collectives: it asks its :class:`RankStrategy` to
+
+- :meth:`~RankStrategy.start` (join the other ranks; gives this rank and the number of ranks),
+- :meth:`~RankStrategy.broadcast` rank 0's variables into every replica once,
+- reduce each update's gradients (:meth:`~RankStrategy.gradients`: an all-reduce, or
+  nothing for local SGD), optionally after a timed :meth:`~RankStrategy.wait` for the others,
+- act after each update (:meth:`~RankStrategy.after_update`: local SGD averages the
+  weights every K updates) and at the end of each epoch (:meth:`~RankStrategy.end_epoch`),
+- :meth:`~RankStrategy.average` and :meth:`~RankStrategy.sum` the epoch's figures.
+
+Which backend launches the ranks (Horovod's Gloo rendezvous or ``TF_CONFIG``) follows from
+the strategy (:func:`backend_for`), so the driver never imports Horovod for a strategy
+that does not use it. Each strategy counts what it sent (:attr:`RankStrategy.calls`,
+:attr:`RankStrategy.bytes`: payload bytes handed to the collective by this rank).
+"""
+from __future__ import annotations
+
+import importlib
+
+# name -> (module, class, launch backend)
+STRATEGIES: dict[str, tuple[str, str, str]] = {
+    "horovod": ("horovod_ring", "HorovodRing", "horovod"),
+    "collective": ("tf_collective", "TensorFlowCollective", "tensorflow"),
+    "local_sgd": ("local_sgd", "LocalSGD", "tensorflow"),
+}
+
+
+def backend_for(strategy: str) -> str:
+    """The launch backend (:func:`sparkdeep.distributed.run_on_ranks`) a strategy needs."""
+    return _entry(strategy)[2]
+
+
+def _entry(strategy: str) -> tuple[str, str, str]:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
+    return STRATEGIES[strategy]
+
+
+def make(strategy: str, spec) -> "RankStrategy":
+    """The :class:`RankStrategy` named ``strategy``, for a rank training ``spec``."""
+    module, cls, _ = _entry(strategy)
+    return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(spec)
+
+
+def payload_bytes(tensors) -> int:
+    """Bytes of ``tensors`` as they are handed to a collective (their own dtype)."""
+    total = 0
+    for t in tensors:
+        n = 1
+        for d in t.shape:
+            n *= int(d)
+        total += n * t.dtype.size
+    return total
+
+
+class RankStrategy:
+    """The interface; a strategy overrides what it does differently. ``calls`` and
+    ``bytes`` count the collectives of :meth:`gradients` and :meth:`after_update` (the
+    per-update traffic), not the few per epoch."""
+
+    name = ""
+    #: what the strategy does each update, for logs and reports
+    describe = ""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.calls = 0
+        self.bytes = 0
+
+    def start(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def broadcast(self, variables) -> None:
+        """Set every variable to rank 0's value on every rank."""
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """Return once every rank has reached this point (a one-number collective): timed
+        before :meth:`gradients`, it separates waiting for the others from sending."""
+        self.average(0.0)
+
+    def gradients(self, grads: list) -> list:
+        """This update's gradients as the optimizer should apply them."""
+        raise NotImplementedError
+
+    def after_update(self, model, update_no: int) -> bool:
+        """After the optimizer applied update ``update_no`` (1-based, counted over the run);
+        True if it communicated."""
+        return False
+
+    def end_epoch(self, model) -> bool:
+        """At the end of an epoch, before validation and checkpoints; True if it communicated."""
+        return False
+
+    def average(self, value: float) -> float:
+        return self.sum([float(value)])[0] / self.size
+
+    def sum(self, values: list[float]) -> list[float]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Leave the group (the process exits afterwards)."""
