@@ -81,7 +81,8 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,
-        lrSchedule=t.lr_schedule,
+        lrSchedule=t.lr_schedule, strategy=t.strategy, stallTimeout=t.stall_timeout,
+        localSteps=t.local_steps if t.strategy == "local_sgd" else None,
         shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed)
 
 

@@ -78,6 +78,9 @@ class TrainConfig:
     normalization: str      # tabular network (embedding encoding): layer, batch or none
     lr_schedule: str        # after warm-up: constant or cosine
     shuffle_buffer_rows: int  # each rank's shuffle window (its memory bound), rows
+    strategy: str           # how the ranks agree: horovod, collective or local_sgd (Choices.STRATEGIES)
+    local_steps: int        # local_sgd: updates each rank takes alone between weight averages
+    stall_timeout: float    # seconds without a rank's heartbeat before fit fails naming it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +158,12 @@ class Config:
             ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
             ("train.early_stopping_patience", self.train.early_stopping_patience >= 0),
             ("train.accumulation_steps", self.train.accumulation_steps >= 1),
-            ("train.compression", self.train.compression in Choices.COMPRESSIONS),
+            ("train.compression", self.train.compression in Choices.COMPRESSIONS and (
+                self.train.compression == "none" or self.train.strategy == "horovod")),
+            ("train.strategy", self.train.strategy in Choices.STRATEGIES),
+            ("train.local_steps", self.train.local_steps >= 1),
+            ("train.accumulation_steps", self.train.accumulation_steps == 1 or self.train.strategy != "local_sgd"),
+            ("train.stall_timeout", 0 < self.train.stall_timeout < float("inf")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
             ("baselines.models", len(set(self.baselines.models)) == len(self.baselines.models) and all(
                 m in (tasks.BASELINES[task] if task else {n for v in tasks.BASELINES.values() for n in v})
@@ -177,6 +185,12 @@ class Config:
                                     f"output_dir is not local ({self.output_dir}): the default SQLite store "
                                     "lives under the output folder; or set tracking.enabled=false"),
                    "train.hidden_units": "one or more layer widths, each >= 1",
+                   "train.strategy": f"one of {list(Choices.STRATEGIES)}",
+                   "train.compression": (f"one of {list(Choices.COMPRESSIONS)}; fp16 only with train.strategy "
+                                         f"horovod (now {self.train.strategy!r})"),
+                   "train.accumulation_steps": ("an integer >= 1; 1 with train.strategy local_sgd, which "
+                                                "exchanges every train.local_steps updates instead"),
+                   "train.stall_timeout": "a finite number of seconds > 0",
                    "train.batch_size": "rows per rank per step, or 0 to choose it from the training row count",
                    "train.metrics": (f"{task} metric names from {sorted(metric_names)}" if task else
                                      f"metric names from {sorted(metric_names)}"),

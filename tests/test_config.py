@@ -153,6 +153,20 @@ def test_values_that_would_fail_late_are_config_errors(conf, override, key):
         load_config(conf, overrides=[override])
 
 
+@pytest.mark.parametrize("overrides, key", [
+    (["train.strategy=ps"], "train.strategy"),
+    (["train.strategy=collective", "train.compression=fp16"], "train.compression"),
+    (["train.strategy=local_sgd", "train.accumulation_steps=4"], "train.accumulation_steps"),
+    (["train.strategy=local_sgd", "train.local_steps=0"], "train.local_steps"),
+    (["train.stall_timeout=0"], "train.stall_timeout"),
+])
+def test_a_strategy_and_params_it_does_not_use_are_refused_before_any_step(conf, overrides, key):
+    with pytest.raises(ConfigError, match=rf"'{key}'.*out of range"):
+        load_config(conf, overrides=overrides)
+    assert load_config(conf, overrides=["train.strategy=local_sgd", "train.local_steps=4"]).train.local_steps == 4
+    assert load_config(conf, overrides=["train.compression=fp16"]).train.strategy == "horovod"
+
+
 def test_an_output_folder_on_hdfs_needs_a_tracking_store_of_its_own(conf):
     # MLflow's default store is a SQLite file under the output folder, which only a local folder can hold.
     with pytest.raises(ConfigError, match=r"'tracking.uri'.*output_dir is not local \(hdfs://nn:8020/out\)"):

@@ -1,0 +1,265 @@
+"""Issue 24: the strategy is a choice (horovod, collective, local_sgd) with one contract:
+the same quality, identical replicas at the end, resume after a kill, a failing and a
+frozen rank named without a hang, the same persisted model, and a collective path that
+runs with Horovod made unimportable."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from pyspark.ml.evaluation import BinaryClassificationEvaluator
+from pyspark.ml.functions import vector_to_array
+from pyspark.sql import functions as F
+
+from sparkdeep.distributed import RankFailedError
+from sparkdeep.registry import Choices
+from sparkdeep.transformers import _rank_training
+from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
+from sparkdeep.transformers.keras import strategies
+from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+
+from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
+
+OTHERS = ("collective", "local_sgd")
+
+
+def _estimator(**kw):
+    """The estimator's default network (no modelBuilder: the task's default MLP)."""
+    base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=4, batchSize=32,
+                learningRate=0.005, warmupEpochs=0.0, seed=3, metrics=["auc"])
+    base.update(kw)
+    return KerasHorovodEstimator(**base)
+
+
+def _auc(model, df):
+    scored = model.transform(df).withColumn("p", vector_to_array("probability")[1])
+    return BinaryClassificationEvaluator(rawPredictionCol="p", labelCol="label").evaluate(scored)
+
+
+def test_the_strategies_are_the_registry_s_and_an_unknown_one_is_refused():
+    assert tuple(strategies.STRATEGIES) == Choices.STRATEGIES
+    assert strategies.backend_for("horovod") == "horovod"
+    assert {strategies.backend_for(s) for s in OTHERS} == {"tensorflow"}
+    with pytest.raises(ValueError, match="strategy must be one of 'horovod', 'collective', 'local_sgd', got 'ps'"):
+        strategies.backend_for("ps")
+
+
+def test_a_param_the_strategy_does_not_use_is_an_error_on_the_driver(cancer):  # noqa: F811
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        _estimator(strategy="async").fit(cancer)
+    with pytest.raises(ValueError, match="compression='fp16' applies to strategy='horovod' only"):
+        _estimator(strategy="collective", compression="fp16").fit(cancer)
+    with pytest.raises(ValueError, match="accumulationSteps applies to the all-reduce strategies"):
+        _estimator(strategy="local_sgd", accumulationSteps=2).fit(cancer)
+    with pytest.raises(ValueError, match="localSteps applies to strategy='local_sgd' only"):
+        _estimator(strategy="collective", localSteps=4).fit(cancer)
+    with pytest.raises(ValueError, match="localSteps must be >= 1"):
+        _estimator(strategy="local_sgd", localSteps=0).fit(cancer)
+
+
+def test_a_frozen_rank_is_named_even_when_its_peer_s_collective_failed_first():
+    """Issue 24.6: the peer's collective timed out first and was blamed; the heartbeats say
+    which rank went silent."""
+    from sparkdeep.distributed import _explain
+
+    class Channel:
+        now = time.monotonic()
+        beats = {0: (now, 100), 1: (now - 40.0, 101)}
+        failures = [(0, "DeadlineExceededError: Collective ops timed out waiting for peers")]
+
+    with pytest.raises(RankFailedError, match=r"stalled: no heartbeat for 4\d s \(process 101\).*rank\(s\) 0 then "
+                                              r"failed waiting for it") as err:
+        _explain(RuntimeError("stage failed"), Channel(), silent_after=10.0)
+    assert err.value.rank == 1
+    # A rank that failed by itself, all beats fresh: that rank, as before.
+    Channel.beats = {0: (time.monotonic(), 100), 1: (time.monotonic(), 101)}
+    Channel.failures = [(1, "ValueError: shard 7 is corrupt"), (0, "Horovod has been shut down")]
+    with pytest.raises(RankFailedError, match="Training rank 1 failed: ValueError: shard 7") as err:
+        _explain(RuntimeError("stage failed"), Channel(), silent_after=10.0)
+
+
+# -- with ranks -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def split(cancer):  # noqa: F811
+    train = cancer.where(F.col("id") % 5 != 0).cache()
+    holdout = cancer.where(F.col("id") % 5 == 0).cache()
+    return train, holdout
+
+
+@pytest.fixture(scope="module")
+def fitted(split):
+    """One fit per strategy on the same rows, the default network, validation on."""
+    train, _ = split
+    out = {}
+    for name in Choices.STRATEGIES:
+        extra = {"localSteps": 4} if name == "local_sgd" else {}
+        out[name] = _estimator(strategy=name, validationFraction=0.2, measureWait=True, **extra).fit(train)
+    return out
+
+
+@pytest.mark.slow
+def test_every_strategy_reaches_the_horovod_default_s_held_out_auc(fitted, split):
+    _, holdout = split
+    aucs = {name: _auc(model, holdout) for name, model in fitted.items()}
+    assert aucs["horovod"] > 0.95, aucs
+    for name in OTHERS:
+        assert aucs[name] >= aucs["horovod"] - 0.02, aucs
+
+
+@pytest.mark.slow
+def test_replicas_end_identical_and_each_strategy_reports_what_it_sent(fitted):
+    for name, model in fitted.items():
+        s = model.trainingSummary
+        assert s["strategy"] == name
+        assert len({r["weights_digest"] for r in s["ranks"]}) == 1, f"{name}: replicas differ"
+        last = s["history"][-1]
+        assert last["wait_s"] >= 0 and last["allreduce_s"] >= 0 and "val_loss" in last
+    updates = fitted["horovod"].trainingSummary["updates_per_epoch"]
+    epochs = len(fitted["horovod"].trainingSummary["history"])
+    grads = fitted["horovod"].trainingSummary["ranks"][0]["allreduce_bytes"] // (updates * epochs)
+    for name in ("horovod", "collective"):  # one all-reduce of the float32 gradients per update
+        r = fitted[name].trainingSummary["ranks"][0]
+        assert r["allreduce_calls"] == updates * epochs and r["allreduce_bytes"] == grads * updates * epochs
+    # local SGD: one average every 4 updates and one at each epoch's end (when updates are left)
+    r = fitted["local_sgd"].trainingSummary["ranks"][0]
+    per_epoch = -(-updates // 4)
+    assert r["allreduce_calls"] == per_epoch * epochs
+    assert fitted["local_sgd"].trainingSummary["local_steps"] == 4
+    # Only the horovod strategy's ranks import Horovod.
+    assert {name: {r["horovod_imported"] for r in m.trainingSummary["ranks"]} for name, m in fitted.items()} == {
+        "horovod": {True}, "collective": {False}, "local_sgd": {False}}
+
+
+@pytest.mark.slow
+def test_a_model_of_each_strategy_reloads_in_a_new_process_and_scores_identically(fitted, split, tmp_path,
+                                                                                   repo_root):
+    _, holdout = split
+    jobs = {}
+    for name, model in fitted.items():
+        path = str(tmp_path / name)
+        model.write().overwrite().save(path)
+        jobs[name] = {"path": path, "out": str(tmp_path / f"{name}.json")}
+    data = str(tmp_path / "holdout.parquet")
+    holdout.select("id", "features").write.parquet(data)
+    code = (
+        "import json, sys\n"
+        "from sparkdeep.session import builder\n"
+        "from sparkdeep.config import SparkConfig\n"
+        "from pyspark.ml.functions import vector_to_array\n"
+        "from sparkdeep.transformers.keras_estimator import KerasHorovodModel\n"
+        "spark = builder(SparkConfig(master='local[1]'), app_name='reload').getOrCreate()\n"
+        "jobs, data = json.loads(sys.argv[1]), sys.argv[2]\n"
+        "df = spark.read.parquet(data)\n"
+        "for name, j in jobs.items():\n"
+        "    m = KerasHorovodModel.load(j['path'])\n"
+        "    rows = m.transform(df).select('id', vector_to_array('probability')[1]).collect()\n"
+        "    json.dump({str(r[0]): r[1] for r in rows}, open(j['out'], 'w'))\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs), data], capture_output=True, text=True,
+                          timeout=600, cwd=repo_root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, j in jobs.items():
+        fresh = json.load(open(j["out"]))
+        here = {str(r[0]): r[1] for r in fitted[name].transform(holdout)
+                .select("id", vector_to_array("probability")[1]).collect()}
+        assert fresh.keys() == here.keys()
+        np.testing.assert_allclose([fresh[k] for k in here], list(here.values()), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", OTHERS)
+def test_a_killed_fit_resumes_from_its_checkpoint(strategy, split, tmp_path, monkeypatch):
+    train, _ = split
+    est = _estimator(strategy=strategy, epochs=3, runId=f"kill-{strategy}", checkpointDir=str(tmp_path))
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "0:2:exit")  # rank 0 dies after writing epoch 2's checkpoint
+    with pytest.raises(RankFailedError) as err:
+        est.fit(train)
+    assert err.value.rank == 0 and "without a Python exception" in str(err.value)
+    monkeypatch.delenv(FAIL_AT_EPOCH_ENV)
+    model = est.fit(train)
+    s = model.trainingSummary
+    assert s["resumed_from_epoch"] == 2 and [h["epoch"] for h in s["history"]] == [1, 2, 3]
+    assert len({r["weights_digest"] for r in s["ranks"]}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", OTHERS)
+def test_a_failing_rank_ends_fit_naming_it(strategy, split, monkeypatch):
+    train, _ = split
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "1:1")
+    t0 = time.time()
+    with pytest.raises(RankFailedError, match="rank 1 failed: RuntimeError: injected failure after epoch 1") as err:
+        _estimator(strategy=strategy, epochs=3).fit(train)
+    assert err.value.rank == 1 and time.time() - t0 < 240
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", Choices.STRATEGIES)
+def test_a_frozen_rank_mid_collective_is_named_and_nothing_hangs(strategy, split, monkeypatch, spark):
+    """Rank 1 freezes (SIGSTOP) after epoch 1; rank 0 waits for it in epoch 2's first
+    collective. Before issue 24 Horovod's 30 s Gloo timeout fired first and rank 0 was named."""
+    import psutil
+    train, _ = split
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "1:1:stop")
+    t0 = time.time()
+    with pytest.raises(RankFailedError, match=r"stalled: no heartbeat for \d+ s \(process (\d+)") as err:
+        _estimator(strategy=strategy, epochs=3, stallTimeout=15).fit(train)
+    assert err.value.rank == 1, str(err.value)
+    assert time.time() - t0 < 180
+    pid = int(str(err.value).split("(process ")[1].split(")")[0].split(";")[0])
+    deadline = time.time() + 60
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+            and time.time() < deadline:
+        time.sleep(1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert spark.range(3).count() == 3
+
+
+BLOCK_HOROVOD = "raise ImportError('horovod is blocked in this test (issue 24: collective needs no Horovod)')\n"
+
+
+@pytest.mark.slow
+def test_the_collective_strategy_trains_with_horovod_unimportable(tmp_path, repo_root):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "horovod.py").write_text(BLOCK_HOROVOD)
+    code = (
+        "import sys\n"
+        "try:\n"
+        "    import horovod\n"
+        "    raise SystemExit('horovod imported')\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "from sparkdeep.session import builder\n"
+        "from sparkdeep.config import SparkConfig\n"
+        "from pyspark.ml.linalg import Vectors\n"
+        "from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator\n"
+        "spark = builder(SparkConfig(master='local[2]', settings={'spark.task.maxFailures': '1'}),"
+        " app_name='nohvd').getOrCreate()\n"
+        "rows = [(float(i % 2), Vectors.dense([float(i % 2) + 0.1 * (i % 7), float(i % 3)])) for i in range(400)]\n"
+        "df = spark.createDataFrame(rows, ['label', 'features'])\n"
+        "from sparkdeep.distributed import run_on_ranks\n"
+        "def blocked():\n"
+        "    try:\n"
+        "        import horovod  # noqa\n"
+        "    except ImportError as e:\n"
+        "        return str(e)\n"
+        "    return 'imported'\n"
+        "print('BLOCKED', run_on_ranks(blocked, num_proc=2, backend='tensorflow'))\n"
+        "m = KerasHorovodEstimator(numProc=2, epochs=2, batchSize=32, strategy='collective').fit(df)\n"
+        "s = m.trainingSummary\n"
+        "print('RANKS', [r['horovod_imported'] for r in s['ranks']], 'DRIVER', 'horovod' in sys.modules"
+        " and getattr(sys.modules['horovod'], '__file__', '') or '', len(s['history']))\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=repo_root, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "RANKS [False, False] DRIVER  2" in proc.stdout, proc.stdout[-2000:]
+    assert proc.stdout.count("horovod is blocked in this test") == 2, proc.stdout[-2000:]  # in both ranks
