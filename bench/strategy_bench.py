@@ -184,7 +184,8 @@ def main(argv=None) -> int:
 
     from sparkdeep.pipelines.prepare import network_layout
     layout = network_layout(prepare_model, train)
-    builder_fn = TABULAR_BUILDERS[cfg.dataset.task]
+    from sparkdeep.transformers.keras.network import resolve_builder
+    builder_fn = resolve_builder(TABULAR_BUILDERS[cfg.dataset.task])
     base_args = {"hidden_units": list(cfg.train.hidden_units), "dropout": cfg.train.dropout,
                  "numeric_dim": int(layout["numeric_dim"]), "cardinalities": list(layout["cardinalities"]),
                  "normalization": cfg.train.normalization}

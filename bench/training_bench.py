@@ -40,8 +40,8 @@ def feed_ratio(rows, features, batch, epochs=4, buffer_rows=65536):
     import pyarrow as pa
     import tensorflow as tf
 
-    from sparkdeep.transformers._rank_feed import Prefetch, ShardFeed, ShardSpill, chunk_rows_for, plan_steps
-    from sparkdeep.transformers._rank_training import Steps, _as_tensors, run_epoch
+    from sparkdeep.transformers.keras.feed import Prefetch, ShardFeed, ShardSpill, chunk_rows_for, plan_steps
+    from sparkdeep.transformers.keras.rank_loop import Steps, _as_tensors, run_epoch
     from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -169,7 +169,7 @@ def main(argv=None):
 
     from sparkdeep.config import SparkConfig
     from sparkdeep.session import builder
-    from sparkdeep.transformers._rank_training import keras_from_bytes
+    from sparkdeep.transformers.keras.network import keras_from_bytes
     from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
 
     spark = builder(SparkConfig(master="local[2]", settings={
@@ -185,7 +185,7 @@ def main(argv=None):
     if args.only == "all":
         two = run_training_benches(df, args, results, KerasHorovodEstimator)
     else:
-        from sparkdeep.transformers._rank_training import keras_to_bytes
+        from sparkdeep.transformers.keras.network import keras_to_bytes
         from sparkdeep.transformers.keras_estimator import KerasHorovodModel
         from sparkdeep.transformers.keras_models import mlp_binary_classifier
         two = KerasHorovodModel(kerasBytes=keras_to_bytes(mlp_binary_classifier(args.features, (64, 32), 0.0)))

@@ -158,7 +158,7 @@ def planning(spark, entry: dict) -> dict:
 
 def network(entry: dict) -> dict:
     """Build, save and reload (safe mode) the tabular network of this width's layout."""
-    from sparkdeep.transformers import _rank_training
+    from sparkdeep.transformers.keras import network
     from sparkdeep.transformers.keras_models import tabular_binary_classifier
     with open(os.path.join(entry["out"], "reports", "prepare.json")) as fh:
         layout = json.load(fh).get("embedding_layout") or {}
@@ -168,9 +168,9 @@ def network(entry: dict) -> dict:
     t0 = time.time()
     net = tabular_binary_classifier(numeric_dim + len(cards), numeric_dim, cards)
     t1 = time.time()
-    data = _rank_training.keras_to_bytes(net)
+    data = network.keras_to_bytes(net)
     t2 = time.time()
-    _rank_training.keras_from_bytes(data)
+    network.keras_from_bytes(data)
     t3 = time.time()
     return {"index_columns": len(cards), "numeric_dim": numeric_dim, "layers": len(net.layers),
             "build_s": round(t1 - t0, 2), "save_s": round(t2 - t1, 2), "load_s": round(t3 - t2, 2),

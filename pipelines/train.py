@@ -19,7 +19,7 @@ from sparkdeep import lineage, model_store
 from sparkdeep.registry import Columns, Models, Tables
 from sparkdeep.runs import AdhocStep, StepRun
 from sparkdeep.tasks import DEFAULT_LOSS, DEFAULT_METRICS
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
 from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
 
 from . import baselines as bl

@@ -81,6 +81,8 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
     "sparkdeep.transformers.columns", "ColumnRenamer WideAssembler") | _names(
     "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
+    "sparkdeep.transformers.keras.model", "KerasHorovodModel") | _names(
+    # the path before issue 24's package split, which saved models name
     "sparkdeep.transformers.keras_estimator", "KerasHorovodModel")
 
 # MLlib names a stage folder ``<index>_<uid>``; a uid is a class-like prefix, "_" and hex.

@@ -1,1 +1,1 @@
-"""MLlib stages: samplers, selectors and the Horovod Keras estimator."""
+"""MLlib stages: samplers, selectors, PCA and the distributed Keras estimator (:mod:`.keras`)."""

@@ -1,6 +1,6 @@
 """sparkdeep's own Keras layers, registered under the ``sparkdeep`` package.
 
-Keras safe mode (what :func:`._rank_training.keras_from_bytes` loads with) never imports
+Keras safe mode (what :func:`.network.keras_from_bytes` loads with) never imports
 a module named in a ``.keras`` archive outside Keras itself: a custom class loads only if
 it is already registered, i.e. this module has been imported. ``keras_from_bytes`` imports
 it before every load, so drivers, executors and fresh Horovod ranks all know these layers,

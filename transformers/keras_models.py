@@ -80,7 +80,7 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     :class:`~sparkdeep.transformers._keras_layers.ColumnEmbeddings` layer, concatenated
     with the numbers, then Dense -> normalisation -> ReLU -> dropout per hidden layer.
     Built-in layers, ops and that registered layer only: the saved ``.keras`` file loads in
-    Keras safe mode (:func:`~sparkdeep.transformers._rank_training.keras_from_bytes`).
+    Keras safe mode (:func:`~sparkdeep.transformers.network.keras_from_bytes`).
 
     Layer normalisation by default: batch normalisation keeps running statistics that
     each Horovod rank would update from its own shard only (no all-reduce), so the

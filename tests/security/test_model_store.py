@@ -24,7 +24,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from sparkdeep import model_store, storage
 from sparkdeep.model_store import UnsafeModelError
-from sparkdeep.transformers import _rank_training
+from sparkdeep.transformers.keras import network
 from sparkdeep.transformers.keras_estimator import KERAS_FILE, KerasHorovodModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
@@ -45,7 +45,7 @@ def model(data):
     inner = PipelineModel([StringIndexer(inputCol="cat", outputCol="cat_idx").fit(data),
                            VectorAssembler(inputCols=["cat_idx", "x1", "x2"], outputCol="features")])
     net = mlp_binary_classifier(3, hidden_units=(4,), dropout=0.0)
-    return PipelineModel([inner, KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(net))])
+    return PipelineModel([inner, KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))])
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_clean_pipeline_loads_and_scores_like_the_in_memory_one(spark, saved, mo
     assert [c for _, c in checked] == [
         "pyspark.ml.pipeline.PipelineModel", "org.apache.spark.ml.PipelineModel",
         "org.apache.spark.ml.feature.StringIndexerModel", "org.apache.spark.ml.feature.VectorAssembler",
-        "sparkdeep.transformers.keras_estimator.KerasHorovodModel"]
+        "sparkdeep.transformers.keras.model.KerasHorovodModel"]
     loaded = model_store.load_pipeline(spark, saved)
     assertDataFrameEqual(loaded.transform(data).select(*SCORED), model.transform(data).select(*SCORED))
     keras_stage = model_store.load(spark, stage(saved, 1))
@@ -148,13 +148,16 @@ def test_every_saveable_project_stage_is_on_the_allow_list():
     import inspect
     from pyspark.ml import Estimator, Model
     from pyspark.ml.util import MLWritable
-    from sparkdeep.transformers import keras_estimator, pca, sampling, selection
-    ours = {f"{m.__name__}.{n}" for m in (sampling, selection, pca, keras_estimator)
+    from sparkdeep.transformers import pca, sampling, selection
+    from sparkdeep.transformers.keras import model as keras_model
+    ours = {f"{m.__name__}.{n}" for m in (sampling, selection, pca, keras_model)
             for n, c in inspect.getmembers(m, inspect.isclass)
             if c.__module__ == m.__name__ and not n.startswith("_")
             and issubclass(c, (Estimator, Model)) and issubclass(c, MLWritable)}
-    assert "sparkdeep.transformers.keras_estimator.KerasHorovodModel" in ours
+    assert "sparkdeep.transformers.keras.model.KerasHorovodModel" in ours
     assert ours - model_store.ALLOWED_CLASSES == set()
+    # Models saved before issue 24's package split name the old module, which still loads.
+    assert "sparkdeep.transformers.keras_estimator.KerasHorovodModel" in model_store.ALLOWED_CLASSES
 
 
 def test_every_allowed_name_is_a_loadable_class():
@@ -320,7 +323,7 @@ def test_a_lambda_layer_is_refused_by_keras_safe_mode(spark, model, tmp_path):
     import keras
     inputs = keras.Input((3,))
     outputs = keras.layers.Lambda(lambda t: t[:, :1])(inputs)  # arbitrary Python in the archive
-    unsafe = KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(keras.Model(inputs, outputs)))
+    unsafe = KerasHorovodModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
     path = str(tmp_path / "unsafe")
     PipelineModel([model.stages[0], unsafe]).write().save(path)
     keras_file = os.path.join(stage(path, 1), KERAS_FILE)

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkdeep import tasks
-from sparkdeep.transformers import _rank_training
+from sparkdeep.transformers.keras import network
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator, KerasHorovodModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier, mlp_classifier, mlp_regressor
 from sparkdeep.transformers.pca import CenteredPCA
@@ -148,14 +148,14 @@ def test_estimator_refuses_nan_rows_mixed_lengths_and_empty_input(cancer, spark)
 
 
 def test_estimator_counts_real_task_slots_not_configured_parallelism(spark):
-    from sparkdeep.transformers.keras_estimator import task_slots
+    from sparkdeep.transformers.keras.staging import task_slots
     assert task_slots(spark.sparkContext, 2) == 2  # local[2]
 
 
 # -- 4. a NaN score never becomes a class ----------------------------------------------------
 
 def _model(net):
-    return KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(net))
+    return KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
 
 
 def test_transform_refuses_or_nulls_non_finite_rows(spark):

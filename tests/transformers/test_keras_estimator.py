@@ -8,7 +8,7 @@ from pyspark.ml.feature import StandardScaler, VectorAssembler
 from pyspark.ml.functions import vector_to_array
 from pyspark.sql import functions as F
 
-from sparkdeep.transformers import _rank_training
+from sparkdeep.transformers.keras import network
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator, KerasHorovodModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
@@ -30,7 +30,7 @@ def untrained_model(input_dim=30):
     import keras
     keras.utils.set_random_seed(0)
     net = mlp_binary_classifier(input_dim, hidden_units=(8,), dropout=0.0)
-    return net, KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(net))
+    return net, KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
 
 
 def test_transform_matches_keras_on_numpy(cancer):
@@ -63,7 +63,7 @@ def test_loading_refuses_a_model_that_would_run_code(cancer, tmp_path):
     import keras
     inputs = keras.Input((30,))
     outputs = keras.layers.Lambda(lambda t: t[:, :1])(inputs)  # arbitrary Python in the file
-    unsafe = KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(keras.Model(inputs, outputs)))
+    unsafe = KerasHorovodModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
     path = str(tmp_path / "unsafe")
     unsafe.write().overwrite().save(path)
     with pytest.raises(ValueError, match="(?i)unsafe|safe_mode|lambda"):
@@ -172,7 +172,7 @@ def test_interrupted_fit_resumes_after_last_completed_epoch(cancer, tmp_path, mo
     again = est.fit(cancer)
     # The same weights (the .keras bytes differ by their save time when the final model and
     # the last checkpoint were written in different seconds, as on a loaded machine).
-    from sparkdeep.transformers._rank_training import weights_digest
+    from sparkdeep.transformers.keras.network import weights_digest
     assert again.trainingSummary["resumed_from_epoch"] == 4
     assert weights_digest(again.keras_model()) == weights_digest(model.keras_model())
     # Asking the finished run for more epochs trains on from its last one.
@@ -191,14 +191,14 @@ def test_a_run_stopped_early_is_loaded_with_its_best_weights_not_trained_again(c
     s = first.trainingSummary
     assert s["stopped_early"] and len(s["history"]) < 40
     again = est.fit(cancer)
-    weights = [_rank_training.weights_digest(_rank_training.keras_from_bytes(m.kerasBytes)) for m in (first, again)]
+    weights = [network.weights_digest(network.keras_from_bytes(m.kerasBytes)) for m in (first, again)]
     assert weights[0] == weights[1]  # loaded with the best epoch's weights, not trained on
     assert again.trainingSummary["resumed_from_epoch"] == len(s["history"])
 
 
 def test_a_checkpoint_made_for_other_training_is_refused_naming_what_differs(cancer, tmp_path):
     import json
-    from sparkdeep.transformers.keras_estimator import CheckpointStore
+    from sparkdeep.transformers.keras.checkpoints import CheckpointStore
     folder = str(tmp_path / "other")
     store = CheckpointStore(folder, {"input_dim": 10, "rows": 569, "task": "binary"})
     store(0, "epoch-0003/model.keras", b"m")
@@ -311,7 +311,7 @@ def test_multiclass_softmax_model_scores_class_probabilities(spark):
 
 
 def test_learning_rate_ramps_then_stays_or_decays_by_cosine(cancer):
-    from sparkdeep.transformers._rank_training import learning_rate_at
+    from sparkdeep.transformers.keras.rank_loop import learning_rate_at
     ramp = [learning_rate_at(u, 0.001, 0.002, 10, 100) for u in (1, 5, 10)]
     assert ramp == pytest.approx([0.0011, 0.0015, 0.002])
     assert learning_rate_at(50, 0.001, 0.002, 10, 100) == 0.002  # constant after the ramp
@@ -342,7 +342,7 @@ def test_tabular_network_starts_the_unseen_bucket_at_zero_and_clips_bad_indices(
 
 
 def test_early_stopping_alone_keeps_the_best_weights_and_restores_only_when_it_stopped():
-    from sparkdeep.transformers._rank_training import EarlyStopping
+    from sparkdeep.transformers.keras.rank_loop import EarlyStopping
 
     class Model:
         weights = None
@@ -374,3 +374,31 @@ def test_early_stopping_alone_keeps_the_best_weights_and_restores_only_when_it_s
     untouched = Model()
     never.restore(untouched)
     assert untouched.weights is None and never.best_weights is None
+
+
+KERAS_FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "keras_model_2026_12")
+
+
+def test_a_model_saved_before_the_keras_package_split_loads_and_scores_the_same(spark):
+    """Issue 24: saved under ``sparkdeep.transformers.keras_estimator.KerasHorovodModel``
+    (tests/fixtures/keras_model_2026_12/make_fixture.py), before the estimator became the
+    ``transformers/keras`` package: it passes the model store's checks, loads, and gives
+    the same probability for every row, nulls included."""
+    import json
+
+    from sparkdeep import model_store
+    expected = json.load(open(os.path.join(KERAS_FIXTURE, "expected.json")))
+    classes = [c for _, c in model_store.check(spark, os.path.join(KERAS_FIXTURE, "model"))]
+    assert "sparkdeep.transformers.keras_estimator.KerasHorovodModel" in classes
+    model = model_store.load_pipeline(spark, os.path.join(KERAS_FIXTURE, "model"))
+    assert isinstance(model.stages[1], KerasHorovodModel)
+    df = spark.createDataFrame([tuple(r) for r in expected["rows"]], "key string, x double, y double, c double")
+    got = {r.key: [r.p, r.prediction] for r in model.transform(df).select(
+        "key", F.when(F.col("probability").isNotNull(), vector_to_array("probability")[1]).alias("p"),
+        "prediction").collect()}
+    assert got.keys() == expected["scores"].keys()
+    for key, (p, pred) in expected["scores"].items():
+        if p is None:
+            assert got[key] == [None, None], key
+        else:
+            assert got[key][1] == pred and abs(got[key][0] - p) < 1e-7, (key, got[key], p)

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from sparkdeep.transformers import _rank_training
+from sparkdeep.transformers.keras import network
 from sparkdeep.transformers.keras_models import (embedding_dim, tabular_binary_classifier, tabular_classifier,
                                                  tabular_regressor)
 
@@ -128,9 +128,9 @@ def wide():
     t0 = time.perf_counter()
     net = tabular_binary_classifier(input_dim=10 + len(cards), numeric_dim=10, cardinalities=cards)
     t1 = time.perf_counter()
-    data = _rank_training.keras_to_bytes(net)
+    data = network.keras_to_bytes(net)
     t2 = time.perf_counter()
-    back = _rank_training.keras_from_bytes(data)
+    back = network.keras_from_bytes(data)
     t3 = time.perf_counter()
     print(f"\n5000 categorical columns: build {t1 - t0:.2f}s, save {t2 - t1:.2f}s, load {t3 - t2:.2f}s, "
           f"{len(data) / 1e6:.1f} MB, {len(net.layers)} layers")
@@ -168,10 +168,10 @@ def test_a_fresh_process_loads_the_layer_in_safe_mode(tmp_path):
     net = tabular_binary_classifier(input_dim=NUMERIC + len(CARDS), numeric_dim=NUMERIC, cardinalities=CARDS,
                                     hidden_units=(4,))
     x = rows(np.random.default_rng(3), 8, CARDS)
-    (tmp_path / "model.keras").write_bytes(_rank_training.keras_to_bytes(net))
+    (tmp_path / "model.keras").write_bytes(network.keras_to_bytes(net))
     np.save(tmp_path / "x.npy", x)
     code = ("import sys, numpy as np\n"
-            "from sparkdeep.transformers._rank_training import keras_from_bytes\n"
+            "from sparkdeep.transformers.keras.network import keras_from_bytes\n"
             "assert 'sparkdeep.transformers.keras_models' not in sys.modules\n"
             "net = keras_from_bytes(open(sys.argv[1] + '/model.keras', 'rb').read())\n"
             "np.save(sys.argv[1] + '/y.npy', net.predict(np.load(sys.argv[1] + '/x.npy'), verbose=0))\n")
@@ -186,7 +186,7 @@ def test_safe_mode_still_refuses_a_class_nobody_registered(tmp_path):
     """Registering our layer opens nothing else: an archive naming another module's class
     (here os.system) is refused, not imported."""
     net = tabular_binary_classifier(input_dim=5, numeric_dim=3, cardinalities=[4, 5], hidden_units=(2,))
-    data = _rank_training.keras_to_bytes(net)
+    data = network.keras_to_bytes(net)
     src, dst = tmp_path / "a.keras", tmp_path / "b.keras"
     src.write_bytes(data)
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
@@ -197,7 +197,7 @@ def test_safe_mode_still_refuses_a_class_nobody_registered(tmp_path):
                     b'"sparkdeep.transformers._keras_layers"', b'"os"')
             zout.writestr(item, body)
     with pytest.raises(Exception, match="Could not locate"):
-        _rank_training.keras_from_bytes(dst.read_bytes())
+        network.keras_from_bytes(dst.read_bytes())
 
 
 def test_a_saved_stage_with_the_layer_loads_through_the_model_store(spark, tmp_path):
@@ -205,12 +205,12 @@ def test_a_saved_stage_with_the_layer_loads_through_the_model_store(spark, tmp_p
     from sparkdeep.transformers.keras_estimator import KerasHorovodModel
     net = tabular_binary_classifier(input_dim=NUMERIC + len(CARDS), numeric_dim=NUMERIC, cardinalities=CARDS,
                                     hidden_units=(4,))
-    stage = KerasHorovodModel(kerasBytes=_rank_training.keras_to_bytes(net))
+    stage = KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
     stage.save(str(tmp_path / "stage"))
     loaded = model_store.load(spark, str(tmp_path / "stage"))
     assert loaded.kerasBytes == stage.kerasBytes
     x = rows(np.random.default_rng(4), 4, CARDS)
-    np.testing.assert_array_equal(np.asarray(_rank_training.keras_from_bytes(loaded.kerasBytes).predict(x, verbose=0)),
+    np.testing.assert_array_equal(np.asarray(network.keras_from_bytes(loaded.kerasBytes).predict(x, verbose=0)),
                                   np.asarray(net.predict(x, verbose=0)))
 
 
@@ -228,7 +228,7 @@ def test_a_network_saved_with_one_embedding_per_column_still_loads():
     x = keras.layers.Concatenate(name="numeric_and_embeddings")(parts)
     out = keras.layers.Dense(1, activation="sigmoid", name="probabilities")(x)
     old = keras.Model(inputs, out, name="tabular_binary_classifier")
-    back = _rank_training.keras_from_bytes(_rank_training.keras_to_bytes(old))
+    back = network.keras_from_bytes(network.keras_to_bytes(old))
     assert [type(lay).__name__ for lay in back.layers].count("Embedding") == 2
     x = np.array([[0.1, -0.2, 2.0, 39.0], [0.1, -0.2, 7.0, 1e6]], dtype="float32")
     np.testing.assert_array_equal(np.asarray(back.predict(x, verbose=0)), np.asarray(old.predict(x, verbose=0)))

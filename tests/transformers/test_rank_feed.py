@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkdeep.transformers._rank_feed import (TRAIN, VALIDATION, Prefetch, ShardFeed, ShardSpill, plan_steps,
+from sparkdeep.transformers.keras.feed import (TRAIN, VALIDATION, Prefetch, ShardFeed, ShardSpill, plan_steps,
                                                read_index)
 
 
@@ -88,7 +88,7 @@ def test_validation_rows_go_to_their_own_file_and_stream_in_order(tmp_path):
 
 
 def test_an_unusable_shard_is_named_for_its_own_rank_with_the_right_advice():
-    from sparkdeep.transformers._rank_feed import shard_problem
+    from sparkdeep.transformers.keras.feed import shard_problem
     counts = [{TRAIN: 5, VALIDATION: 1}, {TRAIN: 0, VALIDATION: 3}, {TRAIN: 0, VALIDATION: 0}]
     assert shard_problem(counts, 0) is None
     assert "rank 1 got no training rows: all 3 of its rows are validation rows" in shard_problem(counts, 1)
@@ -127,7 +127,7 @@ def test_the_epoch_loop_trains_without_horovod(tmp_path):
     """run_epoch with an identity all-reduce: the same loop a rank runs, in one process."""
     import keras
 
-    from sparkdeep.transformers._rank_training import Steps, run_epoch
+    from sparkdeep.transformers.keras.rank_loop import Steps, run_epoch
     rng = np.random.default_rng(0)
     n = 2000
     x = rng.normal(size=(n, 4)).astype("float32")
@@ -155,7 +155,7 @@ def test_the_epoch_loop_trains_without_horovod(tmp_path):
 
 
 def test_the_rank_spec_is_typed_and_checked():
-    from sparkdeep.transformers._rank_training import RankSpec
+    from sparkdeep.transformers.keras.contract import RankSpec
     good = dict(model_bytes=b"k", task="binary", loss="binary_crossentropy", optimizer="adam", learning_rate=0.01,
                 scale_lr=True, warmup_epochs=1.0, lr_schedule="cosine", epochs=2, batch_size=32,
                 accumulation_steps=1, compression="none", metrics=("auc",), early_stopping_patience=0, seed=1,
@@ -173,18 +173,18 @@ def test_checkpoints_are_stored_epoch_by_epoch_and_read_back(tmp_path):
     """Rank 0's files, as the driver's CheckpointStore writes them: an epoch's files, then
     state.json naming them; an older epoch goes once a newer one is complete."""
     import json
-    from sparkdeep.transformers.keras_estimator import CheckpointStore, _read_checkpoint
+    from sparkdeep.transformers.keras.checkpoints import CheckpointStore, read_checkpoint
     folder = str(tmp_path / "run")
     store = CheckpointStore(folder)
-    assert _read_checkpoint(folder) is None
+    assert read_checkpoint(folder) is None
     for epoch in (1, 2):
         store(0, f"epoch-{epoch:04d}/model.keras", b"model %d" % epoch)
         store(0, f"epoch-{epoch:04d}/optimizer.npz", b"opt %d" % epoch)
         if epoch == 2:  # killed before state.json: the last complete epoch is still 1
-            assert _read_checkpoint(folder)["model_bytes"] == b"model 1"
+            assert read_checkpoint(folder)["model_bytes"] == b"model 1"
         store(0, "state.json", json.dumps({"completed_epochs": epoch, "history": [],
                                            "files": f"epoch-{epoch:04d}"}).encode())
-    got = _read_checkpoint(folder)
+    got = read_checkpoint(folder)
     assert (got["completed_epochs"], got["model_bytes"], got["optimizer_bytes"]) == (2, b"model 2", b"opt 2")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-0002", "state.json"]
     for rank, name in ((1, "state.json"), (0, "../escape.keras"), (0, "epoch-1/model.keras"), (0, "x.py")):
@@ -196,4 +196,4 @@ def test_checkpoints_are_stored_epoch_by_epoch_and_read_back(tmp_path):
     (old / "state.json").write_text(json.dumps({"completed_epochs": 3, "history": [{"epoch": 3}]}))
     (old / "model.keras").write_bytes(b"m")
     (old / "optimizer.npz").write_bytes(b"o")
-    assert _read_checkpoint(str(old))["completed_epochs"] == 3
+    assert read_checkpoint(str(old))["completed_epochs"] == 3

@@ -18,7 +18,6 @@ from pyspark.sql import functions as F
 
 from sparkdeep.distributed import RankFailedError
 from sparkdeep.registry import Choices
-from sparkdeep.transformers import _rank_training
 from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
 from sparkdeep.transformers.keras import strategies
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator

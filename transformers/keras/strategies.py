@@ -1,6 +1,6 @@
 """How the ranks of one fit agree: one interface, one module per strategy.
 
-A rank's training loop (:func:`sparkdeep.transformers._rank_training.train_rank`) knows
+A rank's training loop (:func:`sparkdeep.transformers.train_rank`) knows
 nothing of Horovod or TensorFlow's collectives: it asks its :class:`RankStrategy` to
 
 - :meth:`~RankStrategy.start` (join the other ranks; gives this rank and the number of ranks),

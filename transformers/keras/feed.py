@@ -34,6 +34,8 @@ from typing import Iterator
 
 import numpy as np
 
+from .contract import Staged
+
 TRAIN, VALIDATION = "train", "validation"
 
 
@@ -179,13 +181,13 @@ class ShardFeed:
             self._file = pa.OSFile(self.path, "rb")
             self._reader = pa.ipc.open_file(self._file)
         b = self._reader.get_batch(i)
-        feats = b.column(b.schema.get_field_index("features"))
+        feats = b.column(b.schema.get_field_index(Staged.FEATURES))
         n = b.num_rows
         flat = feats.flatten().to_numpy(zero_copy_only=False)
         x = flat.astype("float32", copy=False).reshape(n, flat.size // n if n else 0)
-        y = b.column(b.schema.get_field_index("label")).to_numpy(zero_copy_only=False).astype("float32", copy=False)
+        y = b.column(b.schema.get_field_index(Staged.LABEL)).to_numpy(zero_copy_only=False).astype("float32", copy=False)
         if self.weight:
-            w = b.column(b.schema.get_field_index("weight")).to_numpy(zero_copy_only=False).astype("float32",
+            w = b.column(b.schema.get_field_index(Staged.WEIGHT)).to_numpy(zero_copy_only=False).astype("float32",
                                                                                                  copy=False)
         else:
             w = np.ones(n, dtype="float32")

@@ -2,17 +2,17 @@
 
 Kept in an importable module (not a closure) so ranks unpickle it by reference and
 autograph finds its source. Everything a rank needs arrives in one typed
-:class:`RankSpec` (plain values plus the model as ``.keras`` bytes: no pickled Keras
+:class:`~.contract.RankSpec` (plain values plus the model as ``.keras`` bytes: no pickled Keras
 objects), built by the estimator from its params: the params hold the defaults, the spec
 has none, so the two cannot disagree. The rank's rows are the files the launcher spilled
-to the task's local disk (``SPARKDEEP_RANK_DATA``), streamed by :mod:`._rank_feed`.
+to the task's local disk (``SPARKDEEP_RANK_DATA``), streamed by :mod:`.feed`.
 
-The pieces are small and testable alone: the feed (:mod:`._rank_feed`), the learning-rate
+The pieces are small and testable alone: the feed (:mod:`.feed`), the learning-rate
 schedule (:func:`learning_rate_at`), early stopping (:class:`EarlyStopping`), the step
 (:class:`Steps`) and the epoch loop (:func:`run_epoch`), which takes the all-reduce as a
 function, so a test can run it in one process with an identity all-reduce.
 
-How the ranks agree is the spec's ``strategy`` (:mod:`.keras.strategies`: Horovod's ring
+How the ranks agree is the spec's ``strategy`` (:mod:`.strategies`: Horovod's ring
 all-reduce, TensorFlow's collective all-reduce, or local SGD); this module imports neither
 Horovod nor TensorFlow's distribution code itself.
 
@@ -24,53 +24,20 @@ for the other ranks before communicating).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
-from sparkdeep.registry import Choices
 from sparkdeep.transformers._faults import after_epoch_hook
 
+from .checkpoints import best_weights_from, send_checkpoint
+from .contract import RankResult, RankSpec, RankTimings
+from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
+
 log = logging.getLogger(__name__)
-
-
-
-def keras_from_bytes(data: bytes):
-    """Load a ``.keras`` archive in safe mode (refuses embedded Python code).
-
-    Safe mode imports no module an archive names outside Keras: a custom layer loads only
-    if registered, so sparkdeep's own layers are imported first (here, which every load,
-    a fresh Horovod rank's included, goes through)."""
-    import keras
-
-    from . import _keras_layers  # noqa: F401 - registers sparkdeep>ColumnEmbeddings
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as fh:
-            fh.write(data)
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
-
-
-def keras_to_bytes(model) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.keras")
-        model.save(path)
-        with open(path, "rb") as fh:
-            return fh.read()
-
-
-def weights_digest(model) -> str:
-    h = hashlib.sha256()
-    for w in model.get_weights():
-        h.update(w.tobytes())
-    return h.hexdigest()
 
 
 def _pin_devices() -> str | None:
@@ -78,14 +45,6 @@ def _pin_devices() -> str | None:
     ``CUDA_VISIBLE_DEVICES`` to them (None on CPU executors)."""
     from sparkdeep.distributed import DEVICES_ENV
     return os.environ.get(DEVICES_ENV) or None
-
-
-def make_metric(name: str, task: str):
-    """The Keras metric ``name`` means for a ``task`` network (one table: sparkdeep.tasks)."""
-    import keras
-
-    from sparkdeep.tasks import metric_class
-    return getattr(keras.metrics, metric_class(name, task))(name=name)
 
 
 def require_finite(record: dict, epoch: int) -> None:
@@ -96,39 +55,6 @@ def require_finite(record: dict, epoch: int) -> None:
         raise FloatingPointError(
             f"training diverged: {', '.join(f'{k}={v}' for k, v in bad.items())} at epoch {epoch} (learning rate "
             f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
-
-
-def _checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
-    """Rank 0 hands the epoch's checkpoint to the driver, which stores it under the run's
-    checkpoint folder, local or not (:class:`~sparkdeep.transformers.keras_estimator.CheckpointStore`):
-    the model and optimizer files of the epoch (and early stopping's best weights so far)
-    first, then ``state.json`` naming them."""
-    import io
-
-    import numpy as np
-
-    from sparkdeep.distributed import put
-    epoch_folder = f"epoch-{int(state['completed_epochs']):04d}"
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
-    put(f"{epoch_folder}/model.keras", keras_to_bytes(model))
-    put(f"{epoch_folder}/optimizer.npz", buffer.getvalue())
-    if best_weights is not None:
-        best = io.BytesIO()
-        np.savez(best, **{f"w{i}": np.asarray(w) for i, w in enumerate(best_weights)})
-        put(f"{epoch_folder}/best.npz", best.getvalue())
-    put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
-
-
-def _weights_from(data: bytes | None):
-    """Weights saved by :func:`_checkpoint` as ``best.npz``, in order (None without any)."""
-    if not data:
-        return None
-    import io
-
-    import numpy as np
-    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
-        return [saved[f"w{i}"] for i in range(len(saved.files))]
 
 
 def _code_root() -> str:
@@ -183,55 +109,6 @@ class EarlyStopping:
     def restore(self, model) -> None:
         if self.stopped and self.best_weights is not None:
             model.set_weights(self.best_weights)
-
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """Everything a rank needs, typed, with no defaults of its own for a training setting:
-    the estimator fills every field from its params (where the defaults live)."""
-    model_bytes: bytes
-    task: str
-    loss: str
-    optimizer: str
-    learning_rate: float
-    scale_lr: bool
-    warmup_epochs: float
-    lr_schedule: str
-    epochs: int
-    batch_size: int
-    accumulation_steps: int
-    compression: str
-    metrics: tuple
-    early_stopping_patience: int
-    seed: int
-    threads: int
-    has_weight: bool
-    has_validation: bool
-    shuffle_buffer_rows: int
-    strategy: str
-    local_steps: int
-    measure_wait: bool
-    checkpoint_dir: str | None = None
-    # A resumed run: completed_epochs, history, model_bytes, optimizer_bytes (rank 0's state).
-    resume: dict | None = field(default=None)
-
-    def __post_init__(self):
-        for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads", "local_steps"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
-        if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
-            raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
-        if self.strategy not in Choices.STRATEGIES:
-            raise ValueError(f"RankSpec: strategy {self.strategy!r}")
-
-    def describe(self) -> dict:
-        """The spec without its bytes (for logs and reports)."""
-        d = asdict(self)
-        d.pop("model_bytes")
-        if d["resume"]:
-            d["resume"] = {k: v for k, v in d["resume"].items() if not k.endswith("_bytes")}
-        return d
 
 
 def _class_target(yb):
@@ -350,11 +227,11 @@ def _shard_counts(folder: str) -> list:
     return [c.get("train", 0) for c in read_shard_counts(folder)]
 
 
-def train_rank(spec: RankSpec) -> dict:
+def train_rank(spec: RankSpec) -> RankResult:
     """Train on this rank's streamed shard; rank 0 also returns the trained model and history."""
     from sparkdeep.distributed import RANK_DATA_ENV
 
-    from ._rank_feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps
+    from .feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps
     t_enter = time.time()
     pinned = _pin_devices()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -365,7 +242,7 @@ def train_rank(spec: RankSpec) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
-    from .keras import strategies
+    from . import strategies
     strategy = strategies.make(spec.strategy, spec)
     rank, size = strategy.start()
     keras.utils.set_random_seed(int(spec.seed) + rank)
@@ -415,7 +292,7 @@ def train_rank(spec: RankSpec) -> dict:
     monitor = "val_loss" if val_feed is not None else "loss"
     stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history,
                              saved=resume.get("stopping") if resume else None,
-                             best_weights=_weights_from(resume.get("best_bytes")) if resume else None)
+                             best_weights=best_weights_from(resume.get("best_bytes")) if resume else None)
     t_first_step = None
     checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
@@ -477,7 +354,7 @@ def train_rank(spec: RankSpec) -> dict:
                      f"({seconds:.1f}s, ~{left:.0f}s left)")
             if spec.checkpoint_dir:
                 t_ck = time.time()
-                _checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
+                send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
                                                "finished": finished, "stopping": stopping.state()},
                             best_weights=None if stop else stopping.best_weights)
                 checkpoint_s += time.time() - t_ck
@@ -493,20 +370,15 @@ def train_rank(spec: RankSpec) -> dict:
     if val_feed is not None:
         val_feed.close()
 
-    result = {
-        "rank": rank, "size": size, "rows": feed.rows, "validation_rows": val_feed.rows if val_feed else 0,
-        "rows_per_epoch": plan.rows_per_epoch[rank], "trimmed_per_epoch": plan.trimmed_per_epoch[rank],
-        "rows_seen": seen_rows, "max_window_rows": feed.max_window_rows,
-        "steps_per_epoch": steps_n, "updates_per_epoch": updates, "stopped_early": stopping.stopped,
-        "strategy": spec.strategy, "allreduce_calls": strategy.calls, "allreduce_bytes": strategy.bytes,
-        "devices": pinned, "horovod_imported": "horovod" in sys.modules,
-        "weights_digest": weights_digest(model),
-        # Where this rank imported the project from: the shipped archive on a cluster.
-        "code_path": _code_root(),
-        "timings": {"enter": t_enter, "first_step": t_first_step or t_end, "train_start": t_train0, "end": t_end,
-                    "checkpoints": round(checkpoint_s, 3)},
-    }
-    if rank == 0:
-        result["history"] = history
-        result["model_bytes"] = keras_to_bytes(model)
-    return result
+    chief = rank == 0
+    return RankResult(
+        rank=rank, size=size, strategy=spec.strategy, rows=feed.rows,
+        validation_rows=val_feed.rows if val_feed else 0, rows_per_epoch=plan.rows_per_epoch[rank],
+        trimmed_per_epoch=plan.trimmed_per_epoch[rank], rows_seen=seen_rows, max_window_rows=feed.max_window_rows,
+        steps_per_epoch=steps_n, updates_per_epoch=updates, stopped_early=stopping.stopped,
+        allreduce_calls=strategy.calls, allreduce_bytes=strategy.bytes, devices=pinned,
+        horovod_imported="horovod" in sys.modules, weights_digest=weights_digest(model), code_path=_code_root(),
+        timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
+                            checkpoints=round(checkpoint_s, 3)),
+        history=history if chief else None, model_bytes=keras_to_bytes(model) if chief else None)
+

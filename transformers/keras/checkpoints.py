@@ -1,0 +1,110 @@
+"""Per-epoch checkpoints: rank 0 hands each epoch's files to the driver
+(:func:`send_checkpoint`), which stores them (:class:`CheckpointStore`) under the run's
+folder; a later fit with the same ``runId`` reads them back (:func:`read_checkpoint`) if
+they were made for the same training (:func:`checkpoint_signature`)."""
+from __future__ import annotations
+
+import json
+import re
+
+from .network import keras_to_bytes
+
+
+def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
+    """Rank 0 hands the epoch's checkpoint to the driver, which stores it under the run's
+    checkpoint folder, local or not (:class:`CheckpointStore`):
+    the model and optimizer files of the epoch (and early stopping's best weights so far)
+    first, then ``state.json`` naming them."""
+    import io
+
+    import numpy as np
+
+    from sparkdeep.distributed import put
+    epoch_folder = f"epoch-{int(state['completed_epochs']):04d}"
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
+    put(f"{epoch_folder}/model.keras", keras_to_bytes(model))
+    put(f"{epoch_folder}/optimizer.npz", buffer.getvalue())
+    if best_weights is not None:
+        best = io.BytesIO()
+        np.savez(best, **{f"w{i}": np.asarray(w) for i, w in enumerate(best_weights)})
+        put(f"{epoch_folder}/best.npz", best.getvalue())
+    put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
+
+def best_weights_from(data: bytes | None):
+    """Weights saved by :func:`_checkpoint` as ``best.npz``, in order (None without any)."""
+    if not data:
+        return None
+    import io
+
+    import numpy as np
+    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+        return [saved[f"w{i}"] for i in range(len(saved.files))]
+
+
+class CheckpointStore:
+    """The driver's side of rank 0's per-epoch checkpoints (``on_put`` of the launch).
+
+    Layout under the run's folder (local or any Hadoop URI, through :mod:`sparkdeep.storage`):
+    ``epoch-NNNN/model.keras`` and ``epoch-NNNN/optimizer.npz``, then ``state.json``
+    (completed epochs, history, and which ``epoch-NNNN`` holds the files), written
+    atomically last. A run killed mid-checkpoint leaves ``state.json`` naming the previous
+    complete epoch; older epoch folders are removed once a newer ``state.json`` is written.
+    """
+
+    _NAME = re.compile(r"^(state\.json|epoch-\d{4,}/(model\.keras|optimizer\.npz|best\.npz))$")
+
+    def __init__(self, folder: str, signature: dict | None = None):
+        self.folder = folder
+        self.signature = signature
+
+    def __call__(self, rank: int, name: str, data: bytes) -> None:
+        from sparkdeep import storage
+        if rank != 0 or not self._NAME.match(name):
+            raise ValueError(f"checkpoint file {name!r} from rank {rank}: not part of a checkpoint")
+        st = storage.Storage()
+        if name == "state.json" and self.signature is not None:
+            # What the checkpoint was made for, so a later fit with other data or another
+            # network under the same runId is refused rather than resumed.
+            data = json.dumps({**json.loads(data), "signature": self.signature}).encode()
+        st.write_bytes(storage.join(self.folder, name), data)
+        if name == "state.json":
+            keep = json.loads(data)["files"]
+            for entry in st.listdir(self.folder):
+                if entry.startswith("epoch-") and entry != keep:
+                    st.delete(storage.join(self.folder, entry))
+
+def read_checkpoint(folder: str) -> dict | None:
+    """The last completed epoch's checkpoint of a run, or None."""
+    from sparkdeep import storage
+    from sparkdeep.paths import read_json
+    state = read_json(storage.join(folder, "state.json"))
+    if state is None:
+        return None
+    # Checkpoints written before the epoch folders kept their files beside state.json.
+    files = storage.join(folder, state["files"]) if state.get("files") else folder
+    st = storage.Storage()
+    best = storage.join(files, "best.npz")
+    return {"completed_epochs": int(state["completed_epochs"]), "history": state["history"],
+            "finished": bool(state.get("finished", False)), "stopping": state.get("stopping"),
+            "signature": state.get("signature"),
+            "model_bytes": st.read_bytes(storage.join(files, "model.keras")),
+            "optimizer_bytes": st.read_bytes(storage.join(files, "optimizer.npz")),
+            "best_bytes": st.read_bytes(best) if st.exists(best) else None}
+
+def checkpoint_signature(**parts) -> dict:
+    """What a checkpoint is valid for; JSON-clean (tuples become lists, as after a round trip)."""
+    return json.loads(json.dumps(parts, sort_keys=True, default=str))
+
+def check_signature(folder: str, run_id: str, saved: dict | None, now: dict) -> None:
+    if saved is None:  # written before signatures were recorded
+        return
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if changed:
+        what = "; ".join(f"{k}: {_short(saved.get(k))} then, {_short(now.get(k))} now" for k in changed)
+        raise ValueError(f"runId {run_id!r}: the checkpoint at {folder} was made for other training ({what}); "
+                         "use a new runId for this data and network, or delete that folder to start over")
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."

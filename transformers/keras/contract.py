@@ -1,0 +1,107 @@
+"""What the driver and the ranks agree on, typed: the staged columns a rank reads, the
+:class:`RankSpec` the driver sends (plain values, the model as ``.keras`` bytes, no
+pickled Keras objects) and the :class:`RankResult` each rank sends back."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from sparkdeep.registry import Choices
+
+
+class Staged:
+    """The columns of the frame the estimator stages for the ranks (and the feed reads)."""
+    FEATURES = "features"          # array<float>, one network input row
+    LABEL = "label"                # float
+    WEIGHT = "weight"              # float, only with weightCol
+    IS_VALIDATION = "is_validation"  # boolean, only with validation
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs, typed, with no defaults of its own for a training setting:
+    the estimator fills every field from its params (where the defaults live)."""
+    model_bytes: bytes
+    task: str
+    loss: str
+    optimizer: str
+    learning_rate: float
+    scale_lr: bool
+    warmup_epochs: float
+    lr_schedule: str
+    epochs: int
+    batch_size: int
+    accumulation_steps: int
+    compression: str
+    metrics: tuple
+    early_stopping_patience: int
+    seed: int
+    threads: int
+    has_weight: bool
+    has_validation: bool
+    shuffle_buffer_rows: int
+    strategy: str
+    local_steps: int
+    measure_wait: bool
+    checkpoint_dir: str | None = None
+    # A resumed run: completed_epochs, history, model_bytes, optimizer_bytes (rank 0's state).
+    resume: dict | None = field(default=None)
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads", "local_steps"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
+            raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
+        if self.strategy not in Choices.STRATEGIES:
+            raise ValueError(f"RankSpec: strategy {self.strategy!r}")
+
+    def describe(self) -> dict:
+        """The spec without its bytes (for logs and reports)."""
+        d = asdict(self)
+        d.pop("model_bytes")
+        if d["resume"]:
+            d["resume"] = {k: v for k, v in d["resume"].items() if not k.endswith("_bytes")}
+        return d
+
+
+@dataclass(frozen=True)
+class RankTimings:
+    """Wall-clock instants (``time.time()``) of one rank, and its checkpoint seconds."""
+    enter: float        # the rank's function started
+    train_start: float  # the first epoch started
+    first_step: float   # the first gradient was computed
+    end: float          # the last epoch ended
+    checkpoints: float  # seconds rank 0 spent handing checkpoints to the driver
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank sends back; rank 0 adds the history and the trained network."""
+    rank: int
+    size: int
+    strategy: str
+    rows: int
+    validation_rows: int
+    rows_per_epoch: int
+    trimmed_per_epoch: int
+    rows_seen: list
+    max_window_rows: int
+    steps_per_epoch: int
+    updates_per_epoch: int
+    stopped_early: bool
+    allreduce_calls: int       # exchanges of the strategy's per-update traffic
+    allreduce_bytes: int       # payload bytes this rank handed to those exchanges
+    devices: str | None        # the GPUs Spark gave the rank's task
+    horovod_imported: bool     # whether Horovod was imported in the rank's process
+    weights_digest: str        # equal on every rank when the replicas ended identical
+    code_path: str             # where the rank imported sparkdeep from (a shipped archive on a cluster)
+    timings: RankTimings
+    history: list | None = None
+    model_bytes: bytes | None = None
+
+    def report(self) -> dict:
+        """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""
+        keys = ("rank", "rows", "validation_rows", "rows_per_epoch", "trimmed_per_epoch", "rows_seen",
+                "max_window_rows", "weights_digest", "allreduce_calls", "allreduce_bytes", "devices", "code_path",
+                "horovod_imported")
+        return {k: getattr(self, k) for k in keys}

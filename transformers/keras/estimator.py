@@ -1,0 +1,318 @@
+"""Distributed Keras training as an MLlib Estimator.
+
+``KerasHorovodEstimator.fit(df)`` runs one Spark barrier stage of ``numProc`` tasks over
+``df`` repartitioned ``numProc`` ways; each task spills its own partition to its local
+disk and starts one rank that streams it through a bounded shuffle window every epoch
+(``sparkdeep.distributed``, :mod:`.feed`), agreeing with the others by the ``strategy``
+param (:mod:`.strategies`), and ``fit`` returns a :class:`~.model.KerasHorovodModel`
+holding the trained network as ``.keras`` bytes.
+
+Example
+-------
+>>> est = KerasHorovodEstimator(featuresCol="features", labelCol="label",
+...                             numProc=2, epochs=3)           # doctest: +SKIP
+>>> model = est.fit(train_df)                                   # doctest: +SKIP
+>>> model.transform(test_df).select("probability", "prediction")  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator
+from pyspark.ml.param.shared import HasLabelCol, HasSeed, HasWeightCol
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sparkdeep import tasks
+from sparkdeep.distributed import run_on_ranks
+from sparkdeep.registry import Choices
+
+from ..keras_models import DEFAULT_BUILDERS
+from ..sampling import hash_uniform
+from . import rank_loop, strategies
+from .checkpoints import CheckpointStore, check_signature, read_checkpoint, checkpoint_signature
+from .contract import RankSpec, Staged
+from .feed import ShardSpill, chunk_rows_for
+from .model import KerasHorovodModel
+from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
+                      network_output)
+from .params import (CheckpointParams, RunParams, NetworkParams, ScoringParams,
+                     ValidationParams)
+from .staging import apply_handle_invalid, check_training_rows, float_arrays, task_slots
+
+log = logging.getLogger(__name__)
+
+
+class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
+                            ValidationParams, CheckpointParams, HasLabelCol, HasWeightCol, HasSeed):
+    """Train a Keras 3 model on ``numProc`` Horovod ranks launched by Spark.
+
+    The network comes from ``model`` (a ``keras.Model``, shipped as ``.keras`` bytes:
+    what a notebook user writes) or from ``modelBuilder`` (``"module:function"`` called
+    with ``input_dim`` and ``modelArgs``: what a job or a saved estimator uses).
+    """
+
+    @keyword_only
+    def __init__(self, *, model: Any = None, featuresCol: str = "features", labelCol: str = "label",
+                 weightCol: str | None = None, predictionCol: str = "prediction",
+                 probabilityCol: str = "probability", modelBuilder: str | None = None,
+                 modelArgs: str | dict | None = None, loss: str | None = None,
+                 optimizer: str | None = None, learningRate: float | None = None,
+                 metrics: list[str] | None = None, numProc: int | None = None, epochs: int | None = None,
+                 batchSize: int | None = None, accumulationSteps: int | None = None,
+                 compression: str | None = None, scaleLearningRate: bool | None = None,
+                 warmupEpochs: float | None = None, lrSchedule: str | None = None,
+                 validationFraction: float | None = None,
+                 validationCol: str | None = None, earlyStoppingPatience: int | None = None,
+                 runId: str | None = None, checkpointDir: str | None = None,
+                 shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
+                 stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
+                 measureWait: bool | None = None):
+        super().__init__()
+        self._setDefault(seed=42)
+        self._model_bytes: bytes | None = None
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs: Any) -> "KerasHorovodEstimator":
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        if "model" in kwargs:
+            self.setModel(kwargs.pop("model"))
+        if isinstance(kwargs.get("modelArgs"), dict):
+            kwargs["modelArgs"] = json.dumps(kwargs["modelArgs"], sort_keys=True)
+        return self._set(**kwargs)
+
+    def setModel(self, model) -> "KerasHorovodEstimator":
+        """Train this ``keras.Model`` (its architecture and initial weights)."""
+        self._model_bytes = keras_to_bytes(model)
+        return self
+
+    def _validate(self, dataset: DataFrame) -> None:
+        schema = dataset.schema
+        self._check_features(schema)
+        label = self.getLabelCol()
+        if label not in schema.fieldNames():
+            raise ValueError(f"labelCol {label!r} is not a column of the input")
+        if not isinstance(schema[label].dataType, T.NumericType):
+            raise TypeError(f"labelCol {label!r} must be numeric, got "
+                            f"{schema[label].dataType.simpleString()}")
+        if self.isDefined(self.weightCol) and self.getWeightCol():
+            wcol = self.getWeightCol()
+            if wcol not in schema.fieldNames() or not isinstance(schema[wcol].dataType, T.NumericType):
+                raise ValueError(f"weightCol {wcol!r} must be a numeric column of the input")
+        for name, value, low in (("numProc", self.getNumProc(), 1), ("epochs", self.getEpochs(), 1),
+                                 ("batchSize", self.getBatchSize(), 1),
+                                 ("shuffleBufferRows", self.getOrDefault(self.shuffleBufferRows), 1)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not (math.isfinite(self.getLearningRate()) and self.getLearningRate() > 0):
+            raise ValueError(f"learningRate must be a finite number > 0, got {self.getLearningRate()}")
+        stall = self.getOrDefault(self.stallTimeout)
+        if not (math.isfinite(stall) and stall > 0):
+            raise ValueError(f"stallTimeout must be a finite number of seconds > 0, got {stall}")
+        if self.getHandleInvalid() not in ("error", "skip"):
+            raise ValueError(f"handleInvalid must be 'error' or 'skip' at fit, got {self.getHandleInvalid()!r}")
+        task = self.getTask()
+        for name in self.getOrDefault(self.metrics):
+            tasks.metric_class(name, task)
+        if self.getOrDefault(self.accumulationSteps) < 1:
+            raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
+        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS),
+                               (self.strategy, Choices.STRATEGIES)):
+            if self.getOrDefault(param) not in allowed:
+                raise ValueError(f"{param.name} must be one of {', '.join(map(repr, allowed))}, "
+                                 f"got {self.getOrDefault(param)!r}")
+        self._check_strategy_params()
+        frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
+        if not 0 <= frac < 1:
+            raise ValueError(f"validationFraction must be in [0, 1), got {frac}")
+        if vcol and frac:
+            raise ValueError("set validationCol or validationFraction, not both")
+        if vcol and (vcol not in schema.fieldNames() or not isinstance(schema[vcol].dataType, T.BooleanType)):
+            raise ValueError(f"validationCol {vcol!r} must be a boolean column of the input")
+        if self.getOrDefault(self.earlyStoppingPatience) < 0:
+            raise ValueError("earlyStoppingPatience must be >= 0")
+        self.checkpoint_folder()
+        master = dataset.sparkSession.sparkContext.getConf().get("spark.master", "")
+        slots = task_slots(dataset.sparkSession.sparkContext, self.getNumProc())
+        if self.getNumProc() > slots:
+            raise ValueError(f"numProc={self.getNumProc()} exceeds the {slots} tasks Spark can run at once "
+                             f"(master {master!r}); every rank needs a concurrent task, or the launch would "
+                             "wait forever: lower numProc or add executor cores")
+        if self._model_bytes is None:
+            resolve_builder(self._builder_name())
+        try:
+            self.getModelArgs()
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"modelArgs is not a JSON object: {exc}") from None
+
+    def _check_strategy_params(self) -> None:
+        """A param the chosen strategy does not use is an error, not silently ignored."""
+        strategy = self.getOrDefault(self.strategy)
+        if self.getOrDefault(self.localSteps) < 1:
+            raise ValueError(f"localSteps must be >= 1, got {self.getOrDefault(self.localSteps)}")
+        if strategy != "horovod" and self.getOrDefault(self.compression) != "none":
+            raise ValueError(f"compression={self.getOrDefault(self.compression)!r} applies to strategy='horovod' "
+                             f"only (Horovod's fp16 wire format); strategy={strategy!r} sends float32")
+        if strategy == "local_sgd" and self.getOrDefault(self.accumulationSteps) != 1:
+            raise ValueError("accumulationSteps applies to the all-reduce strategies; strategy='local_sgd' already "
+                             "communicates every localSteps updates: set localSteps instead")
+        if strategy != "local_sgd" and self.isSet(self.localSteps):
+            raise ValueError(f"localSteps applies to strategy='local_sgd' only, not strategy={strategy!r}")
+
+    def _builder_name(self) -> str:
+        return self.getModelBuilder() or DEFAULT_BUILDERS[self.getTask()]
+
+    def _network(self, input_dim: int, labels: dict) -> tuple[bytes, list]:
+        """The network to train as ``.keras`` bytes, checked against the task and labels, and
+        its structure (each layer's class and weight shapes, for checkpoint signatures)."""
+        task = self.getTask()
+        if self._model_bytes is not None:
+            data = self._model_bytes
+            net = keras_from_bytes(data)
+        else:
+            args = self.getModelArgs()
+            builder = resolve_builder(self._builder_name())
+            takes = builder_parameters(builder)
+            if task == "multiclass" and "num_classes" in takes and "num_classes" not in args:
+                args["num_classes"] = max(2, int(labels["max"]) + 1)
+            if task == "regression" and "target_mean" in takes and "target_mean" not in args:
+                # Learn a standardised target; the network's last layer maps it back to units.
+                args["target_mean"] = float(labels.get("mean") or 0.0)
+                args["target_scale"] = float(labels.get("std") or 0.0) or 1.0
+            net = builder(input_dim, **args)
+            data = None
+        units, activation = network_output(net)
+        width = int(net.inputs[0].shape[-1]) if net.inputs and net.inputs[0].shape[-1] is not None else input_dim
+        if width != input_dim:
+            raise ValueError(f"the network takes {width} inputs but featuresCol {self.getFeaturesCol()!r} holds "
+                             f"vectors of length {input_dim}")
+        check_network(task, self.getOrDefault(self.loss), units, activation)
+        check_labels(task, units, labels, self.getLabelCol())
+        layers = [[type(layer).__name__, [list(w.shape) for w in layer.weights]] for layer in net.layers]
+        return (data if data is not None else keras_to_bytes(net)), layers
+
+    def _fit(self, dataset: DataFrame) -> "KerasHorovodModel":
+        self._validate(dataset)
+        t_launch = time.time()
+        num_proc = self.getNumProc()
+        fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
+        wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
+
+        feats = float_arrays(dataset.schema, fcol)
+        cols = [feats.alias(Staged.FEATURES), F.col(lcol).cast("float").alias(Staged.LABEL)]
+        if wcol:
+            cols.append(F.col(wcol).cast("float").alias(Staged.WEIGHT))
+        frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
+        if vcol:
+            cols.append(F.coalesce(F.col(vcol), F.lit(False)).alias(Staged.IS_VALIDATION))
+        elif frac:
+            h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(lcol))
+            cols.append((hash_uniform(h) < frac).alias(Staged.IS_VALIDATION))
+        staged = dataset.select(*cols)
+        # One pass on the driver's orders, before any shard is written or rank started:
+        # vector lengths, unusable rows, and the label range the task needs.
+        checked = check_training_rows(staged, fcol, wcol)
+        staged, skipped = apply_handle_invalid(staged, checked, self.getHandleInvalid(), fcol, lcol, wcol)
+        usable = checked["rows"] - skipped
+        if usable < num_proc:
+            raise ValueError(f"KerasHorovodEstimator: {usable} usable training row(s) for numProc={num_proc}: every "
+                             "rank needs rows of its own; lower numProc")
+        accum = self.getOrDefault(self.accumulationSteps)
+        per_rank_batches = math.ceil(usable * (1.0 - frac) / num_proc / self.getBatchSize())
+        if per_rank_batches < accum:
+            raise ValueError(f"accumulationSteps={accum} needs {accum} batches per epoch on every rank, but "
+                             f"{usable} rows over numProc={num_proc} ranks make about {per_rank_batches} batch(es) "
+                             f"of {self.getBatchSize()} each: lower accumulationSteps or batchSize")
+        model_bytes, layers = self._network(checked["width"], checked)
+        task = self.getTask()
+
+        folder = self.checkpoint_folder()
+        signature = checkpoint_signature(
+            input_dim=checked["width"], rows=usable, task=task, loss=self.getOrDefault(self.loss).lower(),
+            optimizer=self.getOrDefault(self.optimizer), weighted=bool(wcol), network=layers,
+            validation=vcol or frac) if folder else None
+        resume = read_checkpoint(folder) if folder else None
+        if resume:
+            check_signature(folder, self.getOrDefault(self.runId), resume["signature"], signature)
+        stopped = bool((resume.get("stopping") or {}).get("stopped")) if resume else False
+        # A run that stopped early is finished; one that ran its epochs resumes if asked for more.
+        if resume and (stopped or resume["completed_epochs"] >= self.getEpochs()):
+            ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
+                     f"completed {resume['completed_epochs']} epochs")
+            log.info(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint")
+            model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
+                                      trainingSummary={"history": resume["history"],
+                                                       "stopped_early": bool((resume.get("stopping") or {})
+                                                                             .get("stopped")),
+                                                       "resumed_from_epoch":
+                                                       resume["completed_epochs"], "ranks": [], "timings_s": {},
+                                                       "skipped_rows": skipped})
+            self._copyValues(model)
+            model._set(task=task)
+            return model
+
+        input_dim = checked["width"]
+        has_validation = bool(vcol or frac)
+        spec = RankSpec(
+            model_bytes=model_bytes, task=task, loss=self.getOrDefault(self.loss).lower(),
+            optimizer=self.getOrDefault(self.optimizer), learning_rate=self.getLearningRate(),
+            scale_lr=self.getOrDefault(self.scaleLearningRate), warmup_epochs=self.getOrDefault(self.warmupEpochs),
+            lr_schedule=self.getOrDefault(self.lrSchedule), epochs=self.getEpochs(), batch_size=self.getBatchSize(),
+            accumulation_steps=self.getOrDefault(self.accumulationSteps),
+            compression=self.getOrDefault(self.compression), metrics=tuple(self.getOrDefault(self.metrics)),
+            early_stopping_patience=self.getOrDefault(self.earlyStoppingPatience), seed=self.getOrDefault(self.seed),
+            threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
+            shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), strategy=self.getOrDefault(self.strategy),
+            local_steps=self.getOrDefault(self.localSteps), measure_wait=self.getOrDefault(self.measureWait),
+            checkpoint_dir=folder, resume=resume)
+        if resume:
+            log.info(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
+                     f"{resume['completed_epochs']}")
+        t_staged = time.time()
+        spill = ShardSpill(split_col=Staged.IS_VALIDATION if has_validation else None,
+                           chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
+        results = run_on_ranks(rank_loop.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
+                               stall_timeout=self.getOrDefault(self.stallTimeout),
+                               on_put=CheckpointStore(folder, signature) if folder else None,
+                               backend=strategies.backend_for(spec.strategy))
+        t_done = time.time()
+
+        chief = results[0]
+        first_step = min(r.timings.first_step for r in results)
+        train_start = min(r.timings.train_start for r in results)
+        summary = {
+            "history": chief.history,
+            "ranks": [r.report() for r in results],
+            "strategy": spec.strategy,
+            "local_steps": spec.local_steps if spec.strategy == "local_sgd" else None,
+            "steps_per_epoch": chief.steps_per_epoch,
+            "updates_per_epoch": chief.updates_per_epoch,
+            "stopped_early": chief.stopped_early,
+            # Rows no rank used in an epoch (larger shards beyond the smallest's step count).
+            "trimmed_rows_per_epoch": sum(r.trimmed_per_epoch for r in results),
+            "shuffle_buffer_rows": spec.shuffle_buffer_rows,
+            "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
+            "input_dim": input_dim,
+            "task": task,
+            "skipped_rows": skipped,
+            "timings_s": {
+                "checks": round(t_staged - t_launch, 3),
+                "launch_to_first_step": round(first_step - t_launch, 3),
+                "training": round(max(r.timings.end for r in results) - train_start, 3),
+                # Rank 0's time handing each epoch's checkpoint to the driver (inside "training").
+                "checkpoints": chief.timings.checkpoints,
+                "fit_total": round(t_done - t_launch, 3),
+            },
+        }
+        model = KerasHorovodModel(kerasBytes=chief.model_bytes, trainingSummary=summary)
+        self._copyValues(model)
+        model._set(task=task)
+        return model

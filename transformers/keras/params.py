@@ -1,0 +1,200 @@
+"""The estimator's and the model's params, split by concern."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyspark.ml.linalg import VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasFeaturesCol, HasHandleInvalid, HasPredictionCol, HasProbabilityCol
+from pyspark.sql import types as T
+
+from sparkdeep import tasks
+
+from .._vectors import require_new
+
+
+class ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasHandleInvalid):
+    """Columns the fitted model reads and writes, and what to do with unusable rows: at
+    fit, rows with a null or non-finite feature, label or weight raise ('error') or are
+    dropped and counted in ``trainingSummary['skipped_rows']`` ('skip'); at transform, rows
+    with a null or non-finite feature raise ('error') or get null outputs ('skip' or
+    'keep': the row is kept, a NaN never becomes a class)."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(handleInvalid="error")
+
+    def setHandleInvalid(self, value: str):
+        return self._set(handleInvalid=value)
+
+    def setFeaturesCol(self, value: str):
+        return self._set(featuresCol=value)
+
+    def setPredictionCol(self, value: str):
+        return self._set(predictionCol=value)
+
+    def setProbabilityCol(self, value: str):
+        return self._set(probabilityCol=value)
+
+    def _check_features(self, schema: T.StructType) -> None:
+        col = self.getFeaturesCol()
+        if col not in schema.fieldNames():
+            raise ValueError(f"featuresCol {col!r} is not a column of the input "
+                             f"(columns: {', '.join(schema.fieldNames())})")
+        dtype = schema[col].dataType
+        ok = isinstance(dtype, VectorUDT) or (
+            isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, (T.FloatType, T.DoubleType)))
+        if not ok:
+            raise TypeError(f"featuresCol {col!r} must be a vector or array<float|double>, "
+                            f"got {dtype.simpleString()}")
+
+    def _check_outputs(self, schema: T.StructType) -> None:
+        for param in (self.predictionCol, self.probabilityCol):
+            if self.getOrDefault(param):
+                require_new(schema, self.getOrDefault(param), param.name)
+
+class NetworkParams(Params):
+    """What to train: the network builder and the optimisation objective."""
+
+    modelBuilder = Param(Params._dummy(), "modelBuilder",
+                         "importable 'module:function' returning a keras.Model for input_dim "
+                         "('' = the default MLP for the task the loss trains)",
+                         typeConverter=TypeConverters.toString)
+    modelArgs = Param(Params._dummy(), "modelArgs", "JSON object of keyword args for modelBuilder",
+                      typeConverter=TypeConverters.toString)
+    loss = Param(Params._dummy(), "loss", "Keras loss name; it sets the task (see sparkdeep.tasks): "
+                 "binary_crossentropy, sparse_categorical_crossentropy, or mse/mae/huber/log_cosh for regression",
+                 typeConverter=TypeConverters.toString)
+    optimizer = Param(Params._dummy(), "optimizer", "Keras optimizer name",
+                      typeConverter=TypeConverters.toString)
+    learningRate = Param(Params._dummy(), "learningRate", "learning rate for one rank (> 0)",
+                         typeConverter=TypeConverters.toFloat)
+    metrics = Param(Params._dummy(), "metrics", "Keras metric names reported per epoch (e.g. auc, accuracy)",
+                    typeConverter=TypeConverters.toListString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(modelBuilder="", modelArgs="{}", loss="binary_crossentropy", optimizer="adam",
+                         learningRate=0.001, metrics=[])
+
+    def getModelBuilder(self) -> str:
+        return self.getOrDefault(self.modelBuilder)
+
+    def getTask(self) -> str:
+        """The task the loss trains: binary, multiclass or regression."""
+        return tasks.task_for_loss(self.getOrDefault(self.loss))
+
+    def getModelArgs(self) -> dict:
+        return json.loads(self.getOrDefault(self.modelArgs))
+
+    def getLearningRate(self) -> float:
+        return self.getOrDefault(self.learningRate)
+
+class RunParams(Params):
+    """How to train: ranks, epochs, batches and each rank's memory bound."""
+
+    numProc = Param(Params._dummy(), "numProc", "number of Horovod ranks (Spark tasks), >= 1",
+                    typeConverter=TypeConverters.toInt)
+    epochs = Param(Params._dummy(), "epochs", "passes over the data, >= 1",
+                   typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "rows per step on each rank, >= 1",
+                      typeConverter=TypeConverters.toInt)
+    accumulationSteps = Param(Params._dummy(), "accumulationSteps",
+                              "all-reduce and update every K batches (K >= 1; 1 = every batch)",
+                              typeConverter=TypeConverters.toInt)
+    compression = Param(Params._dummy(), "compression", "gradient compression for the all-reduce: none or fp16",
+                        typeConverter=TypeConverters.toString)
+    scaleLearningRate = Param(Params._dummy(), "scaleLearningRate",
+                              "multiply learningRate by numProc (the effective batch grows with the ranks)",
+                              typeConverter=TypeConverters.toBoolean)
+    warmupEpochs = Param(Params._dummy(), "warmupEpochs",
+                         "epochs over which the learning rate ramps linearly up to its scaled value",
+                         typeConverter=TypeConverters.toFloat)
+    lrSchedule = Param(Params._dummy(), "lrSchedule",
+                       "after warm-up: 'constant', or 'cosine' (decays to 5% of the scaled rate by the last "
+                       "planned epoch)", typeConverter=TypeConverters.toString)
+    stallTimeout = Param(Params._dummy(), "stallTimeout",
+                         "seconds a rank may go without a heartbeat before fit fails naming it (> 0)",
+                         typeConverter=TypeConverters.toFloat)
+    strategy = Param(Params._dummy(), "strategy",
+                     "how the ranks agree: 'horovod' (ring all-reduce of the gradients every update), "
+                     "'collective' (TensorFlow's MultiWorkerMirroredStrategy all-reduce; needs no Horovod) or "
+                     "'local_sgd' (localSteps updates alone, then the weights averaged)",
+                     typeConverter=TypeConverters.toString)
+    localSteps = Param(Params._dummy(), "localSteps",
+                       "local_sgd only: updates each rank takes alone between weight averages (K >= 1)",
+                       typeConverter=TypeConverters.toInt)
+    measureWait = Param(Params._dummy(), "measureWait",
+                        "time a barrier before each update's exchange, so the time waiting for the other ranks "
+                        "is reported apart from sending (wait_s; costs one small collective per update)",
+                        typeConverter=TypeConverters.toBoolean)
+    shuffleBufferRows = Param(Params._dummy(), "shuffleBufferRows",
+                              "rows in each rank's shuffle window (>= 1): a rank holds at most this many rows "
+                              "plus one stored chunk and a few batches, whatever its shard's size",
+                              typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(numProc=2, epochs=5, batchSize=256, shuffleBufferRows=65536, accumulationSteps=1,
+                         compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
+                         lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False)
+
+    def setNumProc(self, value: int):
+        return self._set(numProc=value)
+
+    def setEpochs(self, value: int):
+        return self._set(epochs=value)
+
+    def setBatchSize(self, value: int):
+        return self._set(batchSize=value)
+
+    def getNumProc(self) -> int:
+        return self.getOrDefault(self.numProc)
+
+    def getEpochs(self) -> int:
+        return self.getOrDefault(self.epochs)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batchSize)
+
+class ValidationParams(Params):
+    """Held-out rows per rank, and early stopping on their loss."""
+
+    validationFraction = Param(Params._dummy(), "validationFraction",
+                               "share of rows held out for validation, by row hash (0 = none)",
+                               typeConverter=TypeConverters.toFloat)
+    validationCol = Param(Params._dummy(), "validationCol",
+                          "boolean column marking validation rows ('' = use validationFraction)",
+                          typeConverter=TypeConverters.toString)
+    earlyStoppingPatience = Param(Params._dummy(), "earlyStoppingPatience",
+                                  "stop after this many epochs without improvement of val_loss "
+                                  "(loss without validation) and keep the best weights; 0 = off",
+                                  typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(validationFraction=0.0, validationCol="", earlyStoppingPatience=0)
+
+class CheckpointParams(Params):
+    """Per-epoch checkpoints under checkpointDir/runId; fit with the same runId resumes."""
+
+    runId = Param(Params._dummy(), "runId", "names the run's checkpoint folder ('' = no checkpoints)",
+                  typeConverter=TypeConverters.toString)
+    checkpointDir = Param(Params._dummy(), "checkpointDir",
+                          "folder for run checkpoints: local or any Hadoop URI (hdfs://, s3a://...); "
+                          "the driver writes them",
+                          typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(runId="", checkpointDir="")
+
+    def checkpoint_folder(self) -> str | None:
+        run, root = self.getOrDefault(self.runId), self.getOrDefault(self.checkpointDir)
+        if not run:
+            return None
+        if not root:
+            raise ValueError(f"runId {run!r} needs checkpointDir: where should its checkpoints go?")
+        from sparkdeep import storage
+        return storage.join(storage.qualify(root), run)
