@@ -386,7 +386,7 @@ def _cell(value) -> str:
 _BASELINE_NOTE = ("The network trains on the prepare step's output (by default embedded categories and "
                   "quantile bins beside the standardised numbers; rebalanced, selected or projected when the "
                   "config says so); every other model is an MLlib baseline fitted on every assembled feature of every training row: what a "
-                  "user would fit instead. Fit time: the network's whole Horovod fit (launch included), each "
+                  "user would fit instead. Fit time: the network's whole distributed fit (launch included), each "
                   "baseline's MLlib fit.")
 
 
@@ -472,6 +472,45 @@ def features_html(reports: dict[str, dict]) -> str:
     return f"<h2>Features</h2><table>{body}</table>"
 
 
+def training_html(reports: dict[str, dict]) -> str:
+    """The training section: how the ranks agreed (the strategy) and what it cost, per epoch
+    and rank: seconds computing, communicating and waiting, bytes handed to the collective."""
+    keras = (reports.get("train") or {}).get("keras") or {}
+    history = keras.get("history") or []
+    if not history:
+        return ""
+    strategy = keras.get("strategy") or "horovod"
+    ranks = keras.get("ranks") or []
+    if strategy == "local_sgd" and keras.get("local_steps"):
+        strategy += f" (weights averaged every {keras['local_steps']} updates)"
+    later = history[1:] or history
+
+    def mean(key):
+        values = [h[key] for h in later if isinstance(h.get(key), (int, float))]
+        return sum(values) / len(values) if values else None
+
+    calls = ranks[0].get("allreduce_calls") if ranks else None
+    sent = ranks[0].get("allreduce_bytes") if ranks else None
+    timings = keras.get("timings_s") or {}
+    rows = [("strategy", html.escape(strategy)), ("ranks", f"{len(ranks):,}" if ranks else "&ndash;"),
+            ("epochs", f"{len(history):,}")]
+    for label, key, unit in (("samples/s (epochs after the first)", "samples_per_s", ""),
+                             ("seconds per epoch", "seconds", " s"), ("computing per epoch", "compute_s", " s"),
+                             ("communicating per epoch", "allreduce_s", " s"),
+                             ("waiting for the other ranks per epoch", "wait_s", " s")):
+        value = mean(key)
+        if value is not None:
+            rows.append((label, f"{value:,.1f}{unit}" if key == "samples_per_s" else f"{value:.2f}{unit}"))
+    if calls is not None and sent is not None:
+        rows.append(("exchanges per epoch (rank 0)", f"{calls / len(history):,.1f}"))
+        rows.append(("bytes sent per epoch (rank 0, payload)", f"{sent / len(history) / 1e6:,.2f} MB"))
+    for label, key in (("launch to first step", "launch_to_first_step"), ("fit, launch included", "fit_total")):
+        if isinstance(timings.get(key), (int, float)):
+            rows.append((label, f"{timings[key]:.1f} s"))
+    body = "".join(f"<tr><th>{k}</th><td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+    return f"<h2>Distributed training</h2><table>{body}</table>"
+
+
 def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], run_id: str | None,
                 title: str = "sparkdeep evaluation report", ablation: dict | None = None) -> str:
     """The report page for ``result`` (the evaluate step's: ``task``, ``metrics`` per model, and
@@ -503,5 +542,5 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
             f"written {made}</p>"
             f"<h2>Metrics</h2><p class='meta'>{html.escape(_BASELINE_NOTE)}</p>"
             f"<table><tr><th>model</th>{head}</tr>{rows}</table>"
-            f"<h2>Rows per step</h2><table>{counts}</table>{features_html(reports)}{body}"
+            f"<h2>Rows per step</h2><table>{counts}</table>{features_html(reports)}{training_html(reports)}{body}"
             f"{ablation_html(ablation) if ablation else ''}</body></html>")

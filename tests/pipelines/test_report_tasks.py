@@ -190,3 +190,20 @@ def test_the_ablation_section_appears_when_asked_for_and_a_bad_file_is_named(tmp
             rp.load_ablation(str(bad))
     with pytest.raises(ValueError, match=r"baselines.ablation: cannot read '/nonexistent/a.json'"):
         rp.load_ablation("/nonexistent/a.json")
+
+
+def test_the_report_names_the_strategy_and_what_it_communicated():
+    """Issue 24: the training section says how the ranks agreed and what that cost."""
+    history = [{"epoch": e, "loss": 0.5, "seconds": 4.0, "samples_per_s": 50_000.0, "compute_s": 2.5,
+                "allreduce_s": 1.0 + e, "wait_s": 0.25} for e in (1, 2, 3)]
+    keras = {"history": history, "strategy": "local_sgd", "local_steps": 8,
+             "ranks": [{"rank": 0, "allreduce_calls": 30, "allreduce_bytes": 3_000_000}, {"rank": 1}],
+             "timings_s": {"launch_to_first_step": 9.5, "fit_total": 30.25}}
+    text = rp.training_html({"train": {"keras": keras}})
+    assert "<h2>Distributed training</h2>" in text
+    assert "local_sgd (weights averaged every 8 updates)" in text
+    assert "<th>exchanges per epoch (rank 0)</th><td style='text-align:left'>10.0</td>" in text
+    assert "1.00 MB" in text and "3.50 s" in text and "0.25 s" in text and "9.5 s" in text  # epochs 2-3 mean
+    assert rp.training_html({}) == "" and rp.training_html({"train": {"keras": {}}}) == ""
+    result = {"task": "binary", "metrics": {"keras_horovod": {"rows": 2, "auc": 0.5}}}
+    assert "Distributed training" in rp.render_html(result, {}, {"train": {"keras": keras}}, None)

@@ -7,9 +7,10 @@ its own loop and model, and the strategy only reduces tensors, inside one ``tf.f
 per shape (``strategy.run`` with the replica context's ``all_reduce``: ring collectives
 over gRPC on CPU, NCCL on GPU when TensorFlow picks it).
 
-Timeouts follow the launcher's ``SPARKDEEP_COLLECTIVE_TIMEOUT`` (twice the stall timeout):
-each collective's own timeout, and the coordination service's heartbeat, so the driver's
-heartbeat watchdog finds a frozen rank first and names it.
+The coordination service's heartbeat timeout follows the launcher's
+``SPARKDEEP_COLLECTIVE_TIMEOUT`` (twice the stall timeout), so the driver's heartbeat
+watchdog finds a frozen rank first and names it. Collectives get no timeout of their own
+(see :meth:`TensorFlowCollective.start`).
 """
 from __future__ import annotations
 
@@ -49,8 +50,13 @@ class TensorFlowCollective(RankStrategy):
         workers = len(config["cluster"]["worker"])
         timeout = _timeout_s()
         _configure_coordination(workers, timeout)
+        # No per-collective timeout: TensorFlow 2.18 runs each timed collective's timer on a
+        # thread of its own that sleeps out the whole timeout, so a fast loop piles up
+        # thousands of threads until one cannot start (EAGAIN, the process aborts; measured).
+        # A silent peer is caught by the coordination service's heartbeat (set above) and,
+        # first, by the driver's heartbeat watchdog.
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.AUTO, timeout_seconds=timeout)
+            implementation=tf.distribute.experimental.CommunicationImplementation.AUTO)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         self.size = workers
         self.rank = int(config["task"]["index"])
@@ -88,6 +94,11 @@ class TensorFlowCollective(RankStrategy):
             var.assign(tf.cast(value, var.dtype))
 
     def gradients(self, grads: list) -> list:
+        import tensorflow as tf
+        # An embedding's gradient arrives as IndexedSlices, which TensorFlow would all-gather
+        # (a size that changes every step): reduce it dense, as its variable is, so every
+        # update sends the same bytes and the replicas apply the same tensor.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         self.calls += 1
         self.bytes += payload_bytes(grads)
         return self._all_reduce("mean", grads)
