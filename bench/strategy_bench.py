@@ -148,7 +148,7 @@ def plot(results: dict, path: str) -> None:
         ax.set_ylabel("seconds per epoch (rank 0)")
         ax.set_ylim(0, max(r["epoch_s"] for r in block["runs"]) * 1.3)
     axes_list = axes if len(nets) > 1 else [axes]
-    axes_list[0].legend(fontsize=8, loc="upper left")
+    axes_list[-1].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -163,7 +163,12 @@ def main(argv=None) -> int:
     parser.add_argument("--local-steps", type=int, default=8)
     parser.add_argument("--strategies", default="horovod,collective,local_sgd")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "strategies.json"))
+    parser.add_argument("--replot", action="store_true", help="only redraw the plot from --out's JSON")
     a = parser.parse_args(argv)
+    if a.replot:
+        with open(a.out) as fh:
+            plot(json.load(fh), os.path.splitext(a.out)[0] + ".png")
+        return 0
 
     from sparkdeep import delta_io, model_store, paths as paths_mod
     from sparkdeep.config import SparkConfig, load_config
