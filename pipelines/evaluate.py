@@ -268,10 +268,12 @@ def _multiclass(predictions: DataFrame, classes: list[str] | None) -> dict:
     # F1 = 2 tp / (true + predicted): 0 for a class with neither hits nor predictions.
     f1 = np.divide(2 * hits, true + predicted, out=np.zeros(k), where=(true + predicted) > 0)
     recall = np.divide(hits, true, out=np.zeros(k), where=true > 0)
+    # A class with no held-out rows has no recall (not 0.000): None, and its row count says why.
     return {"rows": int(row["_rows"]), "accuracy": float(row["accuracy"]),
             "macro_f1": float(f1[(true + predicted) > 0].mean()), "log_loss": float(row["log_loss"]),
             "confusion_matrix": counts.tolist(),
-            "per_class_recall": {name: float(r) for name, r in zip(classes, recall)}}
+            "per_class_recall": {name: (float(r) if n else None) for name, r, n in zip(classes, recall, true)},
+            "per_class_rows": {name: int(n) for name, n in zip(classes, true)}}
 
 
 def _regression(predictions: DataFrame) -> dict:
@@ -390,6 +392,9 @@ def evaluate_step(spark, cfg, paths, run) -> dict:
     wall = {s: reports[s].get("wall_s") for s in STEPS}
     result = {"task": task, "classes": classes, "metrics": metrics, "row_counts": counts, "step_wall_s": wall,
               "fit_s": fit_times(reports["train"], names)}
+    gate_name, _ = tasks.gate_metric(cfg.gate.metric, task)
+    result["beaten_by"] = beaten_by(metrics, task, gate_name)
+    result["warnings"] = comparison_warnings(metrics, task, gate_name, result["beaten_by"])
     data = {name: rp.report_data(df, task) for name, df in predictions.items()}
     result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, data, reports, run.run_id,
                                                                            ablation=ablation))
@@ -403,15 +408,73 @@ def evaluate_step(spark, cfg, paths, run) -> dict:
     log.info(metrics_table(metrics, result["fit_s"], task))
     # Last, so that a model failing the gate still leaves its report and MLflow metrics.
     keras = metrics[KERAS]
+    for line in result["warnings"]:
+        log.warning(f"[evaluate] {line}")
     gate = result["gate"] = check_gate(keras, cfg.gate, runs.read_latest(paths), task)
+    if cfg.gate.beat_baselines and result["beaten_by"]:
+        raise QualityGateError(f"quality gate: {beaten_line(result['beaten_by'], gate['metric'])} "
+                               "(gate.beat_baselines is on); not promoted")
     # The task goes with the metrics into latest.json: the next gate compares like with like.
     pointer = run.promote({**keras, "task": task}, evaluated=Tables.PREDICTIONS)
     result["promoted"] = pointer is not None
-    log.info(f"[evaluate] quality gate passed ({gate['metric']}={gate['value']:.4f}); " +
+    log.info(f"[evaluate] {gate_line(gate)}; " +
              (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
            "the models evaluated are not this run's own: nothing promoted"))
     baseline_pred.unpersist()
     return result
+
+
+#: Below this many held-out rows, a metric's difference between models is mostly noise.
+SMALL_HOLDOUT = 200
+
+
+def beaten_by(metrics: dict[str, dict], task: str, metric: str) -> dict[str, float]:
+    """{baseline: by how much it beats the network on ``metric``} (positive: better), for
+    every baseline better than the network."""
+    _, higher = tasks.gate_metric(metric, task)
+    mine = metrics[KERAS].get(metric)
+    out = {}
+    for name, m in metrics.items():
+        v = m.get(metric)
+        if name == KERAS or not _number(v) or not _number(mine) or not (math.isfinite(v) and math.isfinite(mine)):
+            continue
+        gain = (v - mine) if higher else (mine - v)
+        if gain > 0:
+            out[name] = float(gain)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def beaten_line(beaten: dict[str, float], metric: str) -> str:
+    return "the network is beaten on held-out " + metric + " by " + ", ".join(
+        f"{name} (by {gain:.4f})" for name, gain in beaten.items())
+
+
+def comparison_warnings(metrics: dict[str, dict], task: str, metric: str, beaten: dict[str, float]) -> list[str]:
+    """What a reader of the metrics must know: baselines that beat the network, and a
+    holdout too small for its differences to mean much."""
+    out = []
+    if beaten:
+        out.append(beaten_line(beaten, metric) + ": what a user would fit instead does better here")
+    rows = metrics[KERAS].get("rows")
+    if isinstance(rows, int) and rows < SMALL_HOLDOUT:
+        spread = 1.96 * math.sqrt(0.25 / max(rows, 1))
+        out.append(f"the holdout has only {rows} rows: a share such as accuracy moves by up to about "
+                   f"\u00b1{spread:.2f} by chance alone, so differences between models here are mostly noise")
+    return out
+
+
+def gate_line(gate: dict) -> str:
+    """What the gate checked, in words: "off" when it checked nothing."""
+    checks = []
+    if gate.get("min_value"):
+        checks.append(f"gate.min_value {gate['min_value']}")
+    if gate.get("latest_value") is not None:
+        checks.append(f"within gate.max_regression {gate['max_regression']} of the latest model's "
+                      f"{gate['latest_value']:.4f}")
+    if not checks:
+        return (f"quality gate off (gate.min_value 0.0, no latest model compared; held-out "
+                f"{gate['metric']}={gate['value']:.4f})")
+    return f"quality gate passed ({gate['metric']}={gate['value']:.4f}: {'; '.join(checks)})"
 
 
 def fit_times(train_report: dict, names: list[str]) -> dict[str, float | None]:
@@ -425,9 +488,7 @@ def metrics_table(metrics: dict[str, dict], fit_s: dict, task: str) -> str:
     """The console's closing table: one row per model, the task's metrics and fit time,
     best first by the task's gate metric."""
     keys = tasks.holdout_metrics(task)
-    head = tasks.DEFAULT_GATE_METRIC[task]
-    higher = tasks.HOLDOUT_METRICS[head].higher_is_better
-    order = sorted(metrics, key=lambda n: -metrics[n][head] if higher else metrics[n][head])
+    order = tasks.best_first(metrics, task)
     lines = [f"  {'model':22s} " + " ".join(f"{k:>17s}" for k in keys) + f" {'fit s':>8s} {'rows':>9s}"]
     for name in order:
         m = metrics[name]
@@ -436,7 +497,8 @@ def metrics_table(metrics: dict[str, dict], fit_s: dict, task: str) -> str:
                      (f" {fit:8.1f}" if fit is not None else f" {'-':>8s}") + f" {m['rows']:9d}")
         if task == "multiclass":
             lines.append(f"  {'':22s} recall per class: " +
-                         ", ".join(f"{c}={r:.3f}" for c, r in m["per_class_recall"].items()))
+                         ", ".join(f"{c}={r:.3f}" if r is not None else f"{c}=n/a (0 held-out rows)"
+                                   for c, r in m["per_class_recall"].items()))
     return "\n".join(lines)
 
 

@@ -188,7 +188,9 @@ def per_class_recall_figure(models: dict[str, dict[str, float]]):
     fig, ax = _fig(min(5.2 + 0.3 * max(len(classes) - 4, 0), 14), 3.8)
     width = 0.8 / max(len(models), 1)
     for i, (name, recall) in enumerate(models.items()):
-        ax.bar(x - 0.4 + width * (i + 0.5), [recall.get(c, 0.0) for c in classes], width, label=name)
+        # A class with no held-out rows has no bar (its recall is None), not a bar at 0.
+        ax.bar(x - 0.4 + width * (i + 0.5), [np.nan if recall.get(c) is None else recall[c] for c in classes],
+               width, label=name)
     ax.set(xticks=x, ylim=(0, 1.05), ylabel="recall", title="Recall per class, held-out rows")
     ax.set_xticklabels(classes, rotation=45 if len(classes) > 4 else 0, ha="right" if len(classes) > 4 else "center",
                        fontsize=8)
@@ -371,7 +373,7 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px
 h1{margin-bottom:.2em} .meta{color:#666;font-size:.9em} table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:.3em .7em;text-align:right} th{background:#f4f4f4}
 .grid{display:flex;flex-wrap:wrap;gap:1em} figure{margin:0;border:1px solid #eee;padding:.5em}
-figcaption{font-size:.85em;color:#555} img{max-width:100%}"""
+figcaption{font-size:.85em;color:#555} img{max-width:100%} .warn{color:#8a4b00;font-weight:600}"""
 
 _HEADINGS = {"auc": "AUC", "average_precision": "average precision", "macro_f1": "macro F1",
              "log_loss": "log loss", "rmse": "RMSE", "mae": "MAE", "r2": "R\u00b2"}
@@ -522,9 +524,13 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
     fit_s = result.get("fit_s") or {}
     head = "".join(f"<th>{html.escape(_HEADINGS.get(n, n.replace('_', ' ')))}</th>" for n in names) + \
         ("<th>fit s</th>" if fit_s else "")
-    rows = "".join(f"<tr><th>{html.escape(model)}</th>{''.join(f'<td>{_cell(m.get(n))}</td>' for n in names)}"
+    # Best first by the gate metric, as the console lists them (tasks.best_first).
+    order = tasks.best_first(result["metrics"], task, (result.get("gate") or {}).get("metric", ""))
+    metrics = result["metrics"]
+    rows = "".join(f"<tr><th>{html.escape(model)}</th>{''.join(f'<td>{_cell(metrics[model].get(n))}</td>' for n in names)}"
                    + (f"<td>{_cell(fit_s.get(model))}</td>" if fit_s else "") + "</tr>"
-                   for model, m in result["metrics"].items())
+                   for model in order)
+    warnings = "".join(f"<p class='warn'>{html.escape(w)}</p>" for w in result.get("warnings") or [])
     counts = "".join(f"<tr><th>{html.escape(step)}</th><td style='text-align:left'>"
                      f"{html.escape(json.dumps(c))}</td></tr>" for step, c in result.get("row_counts", {}).items())
     sections: dict[str, list[str]] = {}
@@ -541,6 +547,6 @@ def render_html(result: dict, data: dict[str, dict], reports: dict[str, dict], r
             f"<p class='meta'>run {html.escape(str(run_id))} &middot; task {html.escape(what)} &middot; "
             f"written {made}</p>"
             f"<h2>Metrics</h2><p class='meta'>{html.escape(_BASELINE_NOTE)}</p>"
-            f"<table><tr><th>model</th>{head}</tr>{rows}</table>"
+            f"{warnings}<table><tr><th>model</th>{head}</tr>{rows}</table>"
             f"<h2>Rows per step</h2><table>{counts}</table>{features_html(reports)}{training_html(reports)}{body}"
             f"{ablation_html(ablation) if ablation else ''}</body></html>")

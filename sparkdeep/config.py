@@ -100,6 +100,7 @@ class GateConfig:
     min_value: float
     against_latest: bool
     max_regression: float
+    beat_baselines: bool    # refuse promotion when a baseline beats the network on the gate metric
 
 
 @dataclass(frozen=True, kw_only=True)

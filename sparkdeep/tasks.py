@@ -116,6 +116,19 @@ def holdout_metrics(task: str) -> tuple[str, ...]:
     return tuple(name for name, m in HOLDOUT_METRICS.items() if task in m.tasks)
 
 
+def best_first(metrics: dict[str, dict], task: str, metric: str = "") -> list[str]:
+    """The model names of ``metrics`` ({model: held-out metrics}) best first by ``metric``
+    ("" = the task's gate default); a model without a finite value goes last. The console
+    and the report list models in this one order."""
+    name, higher = gate_metric(metric, task)
+
+    def key(model):
+        v = metrics[model].get(name)
+        ok = isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+        return (not ok, (-v if higher else v) if ok else 0.0)
+    return sorted(metrics, key=key)
+
+
 def gate_metric(name: str, task: str) -> tuple[str, bool]:
     """(metric, higher_is_better) the gate checks for ``gate.metric`` = ``name`` on a ``task`` model.
 

@@ -17,6 +17,7 @@ class Gate:
     min_value: float = 0.0
     against_latest: bool = False
     max_regression: float = 0.01
+    beat_baselines: bool = False
 
 
 LATEST = {"run_id": "good", "metrics": {"auc": 0.70, "accuracy": 0.77}}
@@ -166,3 +167,58 @@ def test_non_finite_weights_or_final_metrics_fail_naming_them():
         check_finite(bad, {"loss": 0.5})
     with pytest.raises(QualityGateError, match=r"final loss, val_loss not finite"):
         check_finite(good, {"epoch": 3, "loss": float("nan"), "val_loss": float("inf"), "auc": 0.5})
+
+
+# -- issue 26.5: the comparison tells the truth ---------------------------------------------
+
+def test_the_gate_says_off_when_it_checked_nothing_and_what_it_checked_otherwise():
+    from sparkdeep.pipelines.evaluate import gate_line
+    off = gate_line(check_gate({"auc": 0.61}, Gate(metric="auc"), None, "binary"))
+    assert off.startswith("quality gate off") and "auc=0.6100" in off and "passed" not in off
+    on = gate_line(check_gate({"auc": 0.71}, Gate(min_value=0.7), None, "binary"))
+    assert on == "quality gate passed (auc=0.7100: gate.min_value 0.7)"
+    vs = gate_line(check_gate({"auc": 0.695}, Gate(against_latest=True), LATEST, "binary"))
+    assert "within gate.max_regression 0.01 of the latest model's 0.7000" in vs
+
+
+def test_baselines_that_beat_the_network_are_named_with_the_margin_best_first():
+    from sparkdeep.pipelines.evaluate import KERAS, beaten_by, comparison_warnings
+    metrics = {KERAS: {"auc": 0.79, "rows": 5000}, "gbt": {"auc": 0.85, "rows": 5000},
+               "random_forest": {"auc": 0.80, "rows": 5000}, "logistic_regression": {"auc": 0.70, "rows": 5000}}
+    beaten = beaten_by(metrics, "binary", "auc")
+    assert list(beaten) == ["gbt", "random_forest"] and beaten["gbt"] == pytest.approx(0.06)
+    (line,) = comparison_warnings(metrics, "binary", "auc", beaten)
+    assert "beaten on held-out auc by gbt (by 0.0600), random_forest (by 0.0100)" in line
+    # Lower is better: a baseline with a smaller rmse beats the network.
+    reg = {KERAS: {"rmse": 3.0, "rows": 900}, "gbt": {"rmse": 2.5, "rows": 900}, "linear_regression": {"rmse": 4.0}}
+    assert beaten_by(reg, "regression", "rmse") == {"gbt": pytest.approx(0.5)}
+    assert beaten_by({KERAS: {"auc": 0.9}, "gbt": {"auc": 0.8}}, "binary", "auc") == {}
+
+
+def test_a_holdout_of_a_few_dozen_rows_is_called_noise():
+    from sparkdeep.pipelines.evaluate import KERAS, comparison_warnings
+    (line,) = comparison_warnings({KERAS: {"auc": 0.8, "rows": 40}}, "binary", "auc", {})
+    assert "only 40 rows" in line and "\u00b10.15" in line and "noise" in line
+    assert comparison_warnings({KERAS: {"auc": 0.8, "rows": 5000}}, "binary", "auc", {}) == []
+
+
+def test_the_console_and_the_report_list_the_models_in_one_order():
+    from sparkdeep.pipelines import report as rp
+    from sparkdeep.pipelines.evaluate import KERAS, metrics_table
+    metrics = {KERAS: {"auc": 0.79, "average_precision": 0.5, "accuracy": 0.8, "log_loss": 0.4, "rows": 10},
+               "logistic_regression": {"auc": 0.70, "average_precision": 0.4, "accuracy": 0.7, "log_loss": 0.5,
+                                       "rows": 10},
+               "gbt": {"auc": 0.85, "average_precision": 0.6, "accuracy": 0.82, "log_loss": 0.3, "rows": 10}}
+    console = [line.split()[0] for line in metrics_table(metrics, {}, "binary").splitlines()[1:]]
+    page = rp.render_html({"task": "binary", "metrics": metrics, "warnings": ["the network is beaten"]}, {}, {}, None)
+    table = page.split("<h2>Metrics</h2>")[1].split("</table>")[0]
+    import re
+    assert console == ["gbt", KERAS, "logistic_regression"] == re.findall(r"<tr><th>([a-z_]+)</th><td>", table)
+    assert "<p class='warn'>the network is beaten</p>" in page
+
+
+def test_a_class_absent_from_the_holdout_reads_n_a_not_zero():
+    from sparkdeep.pipelines.evaluate import KERAS, metrics_table
+    m = {KERAS: {"accuracy": 0.5, "macro_f1": 0.4, "log_loss": 0.9, "rows": 4,
+                 "per_class_recall": {"a": 0.5, "b": None}, "per_class_rows": {"a": 4, "b": 0}}}
+    assert "a=0.500, b=n/a (0 held-out rows)" in metrics_table(m, {}, "multiclass")

@@ -107,7 +107,9 @@ def test_multiclass_metrics_match_sklearn(multiclass):
     df, y, yhat, proba = multiclass
     classes = ["north", "east", "south", "west"]
     m = task_metrics(df, "multiclass", classes)
-    assert set(m) == {"rows", "accuracy", "macro_f1", "log_loss", "confusion_matrix", "per_class_recall"}
+    assert set(m) == {"rows", "accuracy", "macro_f1", "log_loss", "confusion_matrix", "per_class_recall",
+                      "per_class_rows"}
+    assert m["per_class_rows"] == dict(zip(classes, np.bincount(y, minlength=4).tolist()))
     assert m["rows"] == len(y)
     assert m["accuracy"] == pytest.approx(skm.accuracy_score(y, yhat), abs=1e-12)
     assert m["macro_f1"] == pytest.approx(skm.f1_score(y, yhat, average="macro", zero_division=0), abs=1e-12)
@@ -126,7 +128,9 @@ def test_macro_f1_leaves_out_a_class_neither_labelled_nor_predicted(spark):
     df = _frame(spark, MULTICLASS, label=y * 1.0, prediction=yhat * 1.0, probability=list(proba))
     m = task_metrics(df, "multiclass", list("abcd"))
     assert m["macro_f1"] == pytest.approx(skm.f1_score(y, yhat, average="macro", zero_division=0), abs=1e-12)
-    assert m["confusion_matrix"][3] == [0, 0, 0, 0] and m["per_class_recall"]["d"] == 0.0
+    # Class d has no held-out rows: no recall at all (issue 26: it read 0.000), and the count says why.
+    assert m["confusion_matrix"][3] == [0, 0, 0, 0] and m["per_class_recall"]["d"] is None
+    assert m["per_class_rows"]["d"] == 0
     assert m["log_loss"] == pytest.approx(math.log(4), rel=1e-12)
 
 

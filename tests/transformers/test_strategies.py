@@ -262,3 +262,15 @@ def test_the_collective_strategy_trains_with_horovod_unimportable(tmp_path, repo
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "RANKS [False, False] DRIVER  2" in proc.stdout, proc.stdout[-2000:]
     assert proc.stdout.count("horovod is blocked in this test") == 2, proc.stdout[-2000:]  # in both ranks
+
+
+@pytest.mark.slow
+def test_the_collective_strategy_leaves_no_threads_behind_per_step(split):
+    """TensorFlow 2.18 started a sleeping timer thread for every collective given a timeout:
+    a rank of the flights job died of EAGAIN after piling up ~90k threads. 230 updates here
+    would have left 460 more threads."""
+    train, _ = split
+    model = _estimator(strategy="collective", epochs=2, batchSize=2, metrics=[]).fit(train)
+    s = model.trainingSummary
+    assert s["updates_per_epoch"] * 2 > 200
+    assert all(0 < r["os_threads"] < 300 for r in s["ranks"]), [r["os_threads"] for r in s["ranks"]]

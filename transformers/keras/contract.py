@@ -95,6 +95,7 @@ class RankResult:
     horovod_imported: bool     # whether Horovod was imported in the rank's process
     weights_digest: str        # equal on every rank when the replicas ended identical
     code_path: str             # where the rank imported sparkdeep from (a shipped archive on a cluster)
+    os_threads: int            # the rank process's threads when training ended (-1: not on Linux)
     timings: RankTimings
     history: list | None = None
     model_bytes: bytes | None = None
@@ -103,5 +104,5 @@ class RankResult:
         """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""
         keys = ("rank", "rows", "validation_rows", "rows_per_epoch", "trimmed_per_epoch", "rows_seen",
                 "max_window_rows", "weights_digest", "allreduce_calls", "allreduce_bytes", "devices", "code_path",
-                "horovod_imported")
+                "horovod_imported", "os_threads")
         return {k: getattr(self, k) for k in keys}

@@ -57,6 +57,16 @@ def require_finite(record: dict, epoch: int) -> None:
             f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
 
 
+def _os_threads() -> int:
+    """This process's threads now (Linux ``/proc``; -1 elsewhere): a strategy that leaks
+    threads per step shows here (TensorFlow's timed collectives did)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
+    except (OSError, StopIteration, ValueError):
+        return -1
+
+
 def _code_root() -> str:
     """The sys.path entry this package was imported from (a shipped .zip on a cluster)."""
     import sparkdeep
@@ -378,6 +388,7 @@ def train_rank(spec: RankSpec) -> RankResult:
         steps_per_epoch=steps_n, updates_per_epoch=updates, stopped_early=stopping.stopped,
         allreduce_calls=strategy.calls, allreduce_bytes=strategy.bytes, devices=pinned,
         horovod_imported="horovod" in sys.modules, weights_digest=weights_digest(model), code_path=_code_root(),
+        os_threads=_os_threads(),
         timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
                             checkpoints=round(checkpoint_s, 3)),
         history=history if chief else None, model_bytes=keras_to_bytes(model) if chief else None)
