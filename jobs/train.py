@@ -1,4 +1,4 @@
-"""Train: Keras on Horovod ranks + MLlib's usual models (on every feature); save both pipelines.
+"""Train: Keras on distributed ranks (train.strategy) + MLlib's usual models (on every feature); save both pipelines.
 
 The network trains on the prepared (rebalanced, selected, projected) table; the baselines
 on every row of the ingested training table through the prepare pipeline's encoding

@@ -155,7 +155,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
     if timings:
-        log.info(f"[train] {t.num_proc} Horovod ranks, {len(summary['history'])} epochs: launch to first step "
+        log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
                  f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
                  f"fit total {timings['fit_total']:.1f}s")
     log.info("[train] baselines on every assembled feature of every training row, fit time: " +
