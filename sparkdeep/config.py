@@ -192,6 +192,8 @@ class Config:
                    "train.accumulation_steps": ("an integer >= 1; 1 with train.strategy local_sgd, which "
                                                 "exchanges every train.local_steps updates instead"),
                    "train.stall_timeout": "a finite number of seconds > 0",
+                   "train.local_steps": "an integer >= 1 (updates between weight averages; used by "
+                                        "train.strategy local_sgd only)",
                    "train.batch_size": "rows per rank per step, or 0 to choose it from the training row count",
                    "train.metrics": (f"{task} metric names from {sorted(metric_names)}" if task else
                                      f"metric names from {sorted(metric_names)}"),

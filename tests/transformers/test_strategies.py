@@ -274,3 +274,18 @@ def test_the_collective_strategy_leaves_no_threads_behind_per_step(split):
     s = model.trainingSummary
     assert s["updates_per_epoch"] * 2 > 200
     assert all(0 < r["os_threads"] < 300 for r in s["ranks"]), [r["os_threads"] for r in s["ranks"]]
+
+
+@pytest.mark.slow
+def test_a_finished_run_loaded_from_its_checkpoint_keeps_its_strategy_and_local_sgd_waits_only_to_average(
+        split, tmp_path):
+    """Review of issue 24: the summary of a run loaded from its checkpoint had no strategy
+    (the report then said horovod); measureWait put a barrier before every local-SGD update."""
+    train, _ = split
+    est = lambda: _estimator(strategy="local_sgd", localSteps=4, epochs=2, measureWait=True,  # noqa: E731
+                             runId="done", checkpointDir=str(tmp_path))
+    first = est().fit(train)
+    again = est().fit(train)
+    assert again.trainingSummary["resumed_from_epoch"] == 2
+    assert again.trainingSummary["strategy"] == "local_sgd" and again.trainingSummary["local_steps"] == 4
+    assert first.trainingSummary["history"][-1]["wait_s"] >= 0

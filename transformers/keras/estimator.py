@@ -254,7 +254,14 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                                                                              .get("stopped")),
                                                        "resumed_from_epoch":
                                                        resume["completed_epochs"], "ranks": [], "timings_s": {},
-                                                       "skipped_rows": skipped})
+                                                       "skipped_rows": skipped, "task": task,
+                                                       "input_dim": checked["width"],
+                                                       # the strategy asked for now (the checkpoint's
+                                                       # weights are valid under any of them)
+                                                       "strategy": self.getOrDefault(self.strategy),
+                                                       "local_steps": self.getOrDefault(self.localSteps)
+                                                       if self.getOrDefault(self.strategy) == "local_sgd"
+                                                       else None})
             self._copyValues(model)
             model._set(task=task)
             return model
