@@ -11,7 +11,6 @@ from .strategies import RankStrategy, payload_bytes
 
 class HorovodRing(RankStrategy):
     name = "horovod"
-    describe = "Horovod ring all-reduce of the gradients every update"
 
     def start(self) -> tuple[int, int]:
         import horovod.tensorflow as hvd

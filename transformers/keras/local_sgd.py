@@ -16,7 +16,6 @@ from .tf_collective import TensorFlowCollective
 
 class LocalSGD(TensorFlowCollective):
     name = "local_sgd"
-    describe = "local SGD: K updates alone, then the weights averaged (TensorFlow collective)"
 
     def start(self) -> tuple[int, int]:
         self.every = int(self.spec.local_steps)

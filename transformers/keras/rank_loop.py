@@ -289,9 +289,6 @@ def train_rank(spec: RankSpec) -> RankResult:
     train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
     val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
 
-    def average(value: float, name: str = "") -> float:
-        return strategy.average(value)
-
     def after_update() -> bool:
         return strategy.after_update(model, update_no)
 
@@ -332,20 +329,20 @@ def train_rank(spec: RankSpec) -> RankResult:
         seen_rows.append(done["rows"])
         t_first_step = t_first_step or done["first_step"]
         seconds = time.time() - t0
-        record = {"epoch": epoch + 1, "loss": average(done["loss"], f"loss_{epoch}"),
+        record = {"epoch": epoch + 1, "loss": strategy.average(done["loss"]),
                   "learning_rate": float(done["learning_rate"]), "seconds": round(seconds, 3),
-                  "samples_per_s": round(average(done["rows"], f"rows_{epoch}") * size / seconds, 1),
+                  "samples_per_s": round(strategy.average(done["rows"]) * size / seconds, 1),
                   "input_s": round(done["input_s"], 3), "compute_s": round(done["compute_s"], 3),
                   "allreduce_s": round(done["allreduce_s"], 3), "wait_s": round(done["wait_s"], 3),
                   "comm_bytes": strategy.bytes - bytes_before}
         for m in train_metrics:
-            record[m.name] = average(m.result(), f"train_{m.name}_{epoch}")
+            record[m.name] = strategy.average(m.result())
         if val_feed is not None:
             total, n = evaluate_stream(steps, val_feed.sequential(), val_metrics)
             sums = strategy.sum([total, float(n)])
             record["val_loss"] = float(sums[0] / max(float(sums[1]), 1.0))
             for m in val_metrics:
-                record[f"val_{m.name}"] = average(m.result(), f"eval_{m.name}_{epoch}")
+                record[f"val_{m.name}"] = strategy.average(m.result())
         require_finite(record, epoch + 1)
         history.append(record)
         stop = stopping.update(record, model.get_weights)

@@ -62,8 +62,6 @@ class RankStrategy:
     per-update traffic), not the few per epoch."""
 
     name = ""
-    #: what the strategy does each update, for logs and reports
-    describe = ""
 
     def __init__(self, spec):
         self.spec = spec
@@ -100,6 +98,3 @@ class RankStrategy:
 
     def sum(self, values: list[float]) -> list[float]:
         raise NotImplementedError
-
-    def stop(self) -> None:
-        """Leave the group (the process exits afterwards)."""

@@ -42,7 +42,6 @@ def _configure_coordination(workers: int, timeout_s: float) -> None:
 
 class TensorFlowCollective(RankStrategy):
     name = "collective"
-    describe = "TensorFlow collective all-reduce of the gradients every update (MultiWorkerMirroredStrategy)"
 
     def start(self) -> tuple[int, int]:
         import tensorflow as tf
