@@ -80,9 +80,11 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate,
         metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
-        compression=t.compression, scaleLearningRate=t.scale_learning_rate, warmupEpochs=t.warmup_epochs,
+        compression=t.compression, warmupEpochs=t.warmup_epochs,
         lrSchedule=t.lr_schedule, strategy=t.strategy, stallTimeout=t.stall_timeout,
         localSteps=t.local_steps if t.strategy == "local_sgd" else None,
+        # The synchronous strategies' rule (parameter_server's updates are one worker's batch each).
+        scaleLearningRate=t.scale_learning_rate if t.strategy != "parameter_server" else None,
         shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed)
 
 

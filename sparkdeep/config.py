@@ -78,7 +78,7 @@ class TrainConfig:
     normalization: str      # tabular network (embedding encoding): layer, batch or none
     lr_schedule: str        # after warm-up: constant or cosine
     shuffle_buffer_rows: int  # each rank's shuffle window (its memory bound), rows
-    strategy: str           # how the ranks agree: horovod, collective or local_sgd (Choices.STRATEGIES)
+    strategy: str           # how the ranks agree: horovod, collective, local_sgd or parameter_server (Choices.STRATEGIES)
     local_steps: int        # local_sgd: updates each rank takes alone between weight averages
     stall_timeout: float    # seconds without a rank's heartbeat before fit fails naming it
 
@@ -163,7 +163,8 @@ class Config:
                 self.train.compression == "none" or self.train.strategy == "horovod")),
             ("train.strategy", self.train.strategy in Choices.STRATEGIES),
             ("train.local_steps", self.train.local_steps >= 1),
-            ("train.accumulation_steps", self.train.accumulation_steps == 1 or self.train.strategy != "local_sgd"),
+            ("train.accumulation_steps", self.train.accumulation_steps == 1 or
+             self.train.strategy not in ("local_sgd", "parameter_server")),
             ("train.stall_timeout", 0 < self.train.stall_timeout < float("inf")),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
             ("baselines.models", len(set(self.baselines.models)) == len(self.baselines.models) and all(
@@ -189,8 +190,9 @@ class Config:
                    "train.strategy": f"one of {list(Choices.STRATEGIES)}",
                    "train.compression": (f"one of {list(Choices.COMPRESSIONS)}; fp16 only with train.strategy "
                                          f"horovod (now {self.train.strategy!r})"),
-                   "train.accumulation_steps": ("an integer >= 1; 1 with train.strategy local_sgd, which "
-                                                "exchanges every train.local_steps updates instead"),
+                   "train.accumulation_steps": ("an integer >= 1; 1 with train.strategy local_sgd (which "
+                                                "exchanges every train.local_steps updates instead) and "
+                                                "parameter_server (one worker's batch per update)"),
                    "train.stall_timeout": "a finite number of seconds > 0",
                    "train.local_steps": "an integer >= 1 (updates between weight averages; used by "
                                         "train.strategy local_sgd only)",

@@ -58,7 +58,7 @@ RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled 
 DEVICES_ENV = "SPARKDEEP_DEVICES"  # the GPU addresses Spark gave the rank's task
 RANK_ENV, SIZE_ENV = "SPARKDEEP_RANK", "SPARKDEEP_SIZE"  # this rank and the number of ranks
 TIMEOUT_ENV = "SPARKDEEP_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for a peer
-BACKENDS = ("horovod", "tensorflow")
+BACKENDS = ("horovod", "tensorflow", "tensorflow_ps")
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
 
 
@@ -290,25 +290,36 @@ def host_plan(hosts: list[str]) -> list[dict]:
     return plan
 
 
-def _free_port() -> int:
-    """A TCP port free on this host now (the rank's TensorFlow server binds it moments later)."""
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on this host now (the rank's TensorFlow servers bind
+    them moments later); all held open at once, so no two are the same."""
     import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    from contextlib import ExitStack
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
-def tf_config(hosts: list[str], ports: list[int], rank: int) -> str:
-    """``TF_CONFIG`` for rank ``rank`` of a worker cluster: every task's ``host:port``."""
-    return json.dumps({"cluster": {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports)]},
-                       "task": {"type": "worker", "index": rank}})
+def _free_port() -> int:
+    return _free_ports(1)[0]
+
+
+def tf_config(hosts: list[str], ports: list, rank: int, ps: bool = False) -> str:
+    """``TF_CONFIG`` for rank ``rank``: a worker cluster of every task's ``host:port``; with
+    ``ps``, also one parameter server on rank 0's host (its second port)."""
+    cluster = {"worker": [f"{h}:{p[0]}" for h, p in zip(hosts, ports)]}
+    if ps:
+        cluster["ps"] = [f"{hosts[0]}:{ports[0][1]}"]
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})
 
 
 def backend_env(backend: str, conf: dict, plan: list[dict], ports: list[int], rank: int) -> dict:
     """The variables by which rank ``rank`` finds its peers under ``backend``."""
     slot = plan[rank]
-    if backend == "tensorflow":
-        return {"TF_CONFIG": tf_config([p["hostname"] for p in plan], ports, rank)}
+    if backend.startswith("tensorflow"):
+        return {"TF_CONFIG": tf_config([p["hostname"] for p in plan], ports, rank, ps=backend == "tensorflow_ps")}
     rendezvous_host, rendezvous_port = conf["rendezvous"]
     env = {"HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(rank),
            "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
@@ -410,9 +421,9 @@ def _rank_task(batches, conf: dict, payload: bytes):
                 pass  # the stage's own error still names the task
             raise
         hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
-        port = _free_port() if conf["backend"] == "tensorflow" else 0
-        shared = [json.loads(g) for g in ctx.allGather(json.dumps({"counts": counts, "port": port}))]
-        gathered, ports = [g["counts"] for g in shared], [int(g["port"]) for g in shared]
+        wanted = {"tensorflow": 1, "tensorflow_ps": 2}.get(conf["backend"], 0)  # worker (and ps) servers
+        shared = [json.loads(g) for g in ctx.allGather(json.dumps({"counts": counts, "ports": _free_ports(wanted)}))]
+        gathered, ports = [g["counts"] for g in shared], [g["ports"] for g in shared]
         with open(os.path.join(data, "ranks.json"), "w") as fh:
             json.dump({"counts": gathered, "hosts": hosts}, fh)
         # Unusable shards are found here, before any rank starts (no TensorFlow import, no

@@ -46,6 +46,6 @@ class Choices:
     COMPRESSIONS = ("none", "fp16")         # the gradients on the wire
     # How the ranks agree (transformers/keras/strategies.py): Horovod ring all-reduce, TensorFlow's
     # collective all-reduce (no Horovod), local SGD (K updates alone, then the weights averaged).
-    STRATEGIES = ("horovod", "collective", "local_sgd")
+    STRATEGIES = ("horovod", "collective", "local_sgd", "parameter_server")
     ENCODINGS = ("embedding", "onehot")     # prepare: categories as indices for embeddings, or one-hot
     NORMALIZATIONS = ("layer", "batch", "none")  # the tabular network's hidden layers

@@ -99,6 +99,7 @@ class RankResult:
     timings: RankTimings
     history: list | None = None
     model_bytes: bytes | None = None
+    staleness: dict | None = None  # parameter_server: other updates between a read and its write
 
     def report(self) -> dict:
         """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""

@@ -164,6 +164,14 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         if strategy == "local_sgd" and self.getOrDefault(self.accumulationSteps) != 1:
             raise ValueError("accumulationSteps applies to the all-reduce strategies; strategy='local_sgd' already "
                              "communicates every localSteps updates: set localSteps instead")
+        if strategy == "parameter_server":
+            if self.getOrDefault(self.accumulationSteps) != 1:
+                raise ValueError("accumulationSteps applies to the all-reduce strategies; with "
+                                 "strategy='parameter_server' each update is one worker's batch: raise batchSize instead")
+            if self.isSet(self.scaleLearningRate) and self.getOrDefault(self.scaleLearningRate):
+                raise ValueError("scaleLearningRate applies to the synchronous strategies (one update per step of "
+                                 "every rank); with strategy='parameter_server' each update is one worker's batch "
+                                 "and the learning rate is used as given")
         if strategy != "local_sgd" and self.isSet(self.localSteps):
             raise ValueError(f"localSteps applies to strategy='local_sgd' only, not strategy={strategy!r}")
 
@@ -300,6 +308,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             "ranks": [r.report() for r in results],
             "strategy": spec.strategy,
             "local_steps": spec.local_steps if spec.strategy == "local_sgd" else None,
+            "staleness": chief.staleness,
             "steps_per_epoch": chief.steps_per_epoch,
             "updates_per_epoch": chief.updates_per_epoch,
             "stopped_early": chief.stopped_early,

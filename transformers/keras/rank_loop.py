@@ -248,13 +248,15 @@ def train_rank(spec: RankSpec) -> RankResult:
     import numpy as np
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(int(spec.threads))
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import keras
-
     from . import strategies
     strategy = strategies.make(spec.strategy, spec)
+    tf.config.threading.set_intra_op_parallelism_threads(int(spec.threads))
+    tf.config.threading.set_inter_op_parallelism_threads(strategy.inter_op_threads)
+    import keras
+
     rank, size = strategy.start()
+    if strategy.trains_itself:
+        return strategy.train(t_enter, pinned)
     keras.utils.set_random_seed(int(spec.seed) + rank)
 
     resume = spec.resume

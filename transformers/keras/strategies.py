@@ -25,6 +25,7 @@ STRATEGIES: dict[str, tuple[str, str, str]] = {
     "horovod": ("horovod_ring", "HorovodRing", "horovod"),
     "collective": ("tf_collective", "TensorFlowCollective", "tensorflow"),
     "local_sgd": ("local_sgd", "LocalSGD", "tensorflow"),
+    "parameter_server": ("parameter_server", "ParameterServer", "tensorflow_ps"),
 }
 
 
@@ -62,6 +63,8 @@ class RankStrategy:
     per-update traffic), not the few per epoch."""
 
     name = ""
+    trains_itself = False  # True: :meth:`train` runs the whole rank (a coordinator drives the workers)
+    inter_op_threads = 1
 
     def __init__(self, spec):
         self.spec = spec
@@ -69,6 +72,10 @@ class RankStrategy:
         self.bytes = 0
 
     def start(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def train(self, t_enter: float, devices: str | None):
+        """The whole rank, for a strategy that ``trains_itself``: the :class:`~.contract.RankResult`."""
         raise NotImplementedError
 
     def broadcast(self, variables) -> None:
