@@ -1,6 +1,6 @@
 """The distribution strategies compared on the same work (issue 24).
 
-For each strategy (horovod, collective, local_sgd) and two networks (the default tabular
+For each strategy (horovod, collective, local_sgd, parameter_server) and two networks (the default tabular
 network of the train step, and one with about ``--factor`` times its parameters: wider
 hidden layers), one fit on the same prepared rows with the same seed, batch and epochs,
 ``measureWait`` on (a barrier before each exchange, timed apart). Reported per run:
@@ -10,7 +10,9 @@ hidden layers), one fit on the same prepared rows with the same seed, batch and 
   each run's time is the sum of its epochs' seconds until it got there),
 - the held-out metric (AUC for binary, on the holdout rows through the prepare model),
 - bytes handed to the collective per epoch by one rank, and the number of exchanges,
-- seconds per epoch communicating and waiting for the other rank.
+- seconds per epoch communicating and waiting for the other rank (parameter_server: its
+  workers never wait for each other, and a worker's reads and writes of the weights happen
+  inside its step, so its epoch is counted as compute; its staleness is reported instead).
 
 It reads what ``make run`` wrote (``--output-dir output``: the prepared training table, the
 holdout and the promoted prepare model) so the data is the default data; the large network
@@ -69,6 +71,8 @@ def run_one(estimator, train, strategy: str, local_steps: int) -> dict:
     params = {estimator.strategy: strategy, estimator.measureWait: True, estimator.earlyStoppingPatience: 0}
     if strategy == "local_sgd":
         params[estimator.localSteps] = local_steps
+    if strategy == "parameter_server":  # each update is one worker's batch: the rate as given
+        params[estimator.scaleLearningRate] = False
     est = estimator.copy(params)
     t0 = time.time()
     model = est.fit(train)
@@ -87,7 +91,8 @@ def run_one(estimator, train, strategy: str, local_steps: int) -> dict:
             "exchanges_per_epoch": rank0["allreduce_calls"] / len(hist),
             "val_loss": [round(h["val_loss"], 5) for h in hist], "seconds": [h["seconds"] for h in hist],
             "launch_to_first_step_s": s["timings_s"]["launch_to_first_step"],
-            "replicas_identical": len({r["weights_digest"] for r in s["ranks"]}) == 1}
+            "replicas_identical": len({r["weights_digest"] for r in s["ranks"]}) == 1,
+            "staleness": s.get("staleness")}
 
 
 def time_to(run: dict, target: float) -> float | None:
@@ -142,7 +147,8 @@ def plot(results: dict, path: str) -> None:
         ax.bar(names, comm, bottom=[c + w for c, w in zip(compute, wait)], label="communicating")
         ax.bar(names, other, bottom=[c + w + m for c, w, m in zip(compute, wait, comm)], label="input, metrics")
         for i, r in enumerate(block["runs"]):
-            ax.text(i, r["epoch_s"], f"AUC {r['holdout_auc']:.4f}\n{r['bytes_per_epoch'] / 1e6:.1f} MB/epoch",
+            note = (f"\nasync, staleness {r['staleness']['mean']:.2f}" if r.get("staleness") else "")
+            ax.text(i, r["epoch_s"], f"AUC {r['holdout_auc']:.4f}\n{r['bytes_per_epoch'] / 1e6:.1f} MB/epoch{note}",
                     ha="center", va="bottom", fontsize=8)
         ax.set_title(f"{net}: {block['params']:,} parameters, {block['rows']:,} rows")
         ax.set_ylabel("seconds per epoch (rank 0)")
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--big-fraction", type=float, default=0.1)
     parser.add_argument("--big-epochs", type=int, default=2)
     parser.add_argument("--local-steps", type=int, default=8)
-    parser.add_argument("--strategies", default="horovod,collective,local_sgd")
+    parser.add_argument("--strategies", default="horovod,collective,local_sgd,parameter_server")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "strategies.json"))
     parser.add_argument("--replot", action="store_true", help="only redraw the plot from --out's JSON")
     a = parser.parse_args(argv)

@@ -485,6 +485,8 @@ def training_html(reports: dict[str, dict]) -> str:
     ranks = keras.get("ranks") or []
     if strategy == "local_sgd" and keras.get("local_steps"):
         strategy += f" (weights averaged every {keras['local_steps']} updates)"
+    if strategy == "parameter_server":
+        strategy += " (asynchronous: workers wait for no one; weights read and written inside each step)"
     later = history[1:] or history
 
     def mean(key):
@@ -506,6 +508,10 @@ def training_html(reports: dict[str, dict]) -> str:
     if calls is not None and sent is not None:
         rows.append(("exchanges per epoch (rank 0)", f"{calls / len(history):,.1f}"))
         rows.append(("bytes sent per epoch (rank 0, payload)", f"{sent / len(history) / 1e6:,.2f} MB"))
+    staleness = keras.get("staleness")
+    if isinstance(staleness, dict):
+        rows.append(("staleness: other updates between a worker's read and its write",
+                     f"mean {staleness.get('mean', 0):.2f}, max {staleness.get('max', 0)}"))
     for label, key in (("launch to first step", "launch_to_first_step"), ("fit, launch included", "fit_total")):
         if isinstance(timings.get(key), (int, float)):
             rows.append((label, f"{timings[key]:.1f} s"))

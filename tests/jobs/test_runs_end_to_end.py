@@ -257,3 +257,19 @@ def test_the_run_leaves_an_html_report_and_an_mlflow_run(full_run, tmp_path):
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/evaluate.html", "reports/train.json", "reports/evaluate.json"} <= arts
     assert client.list_artifacts(run.info.run_id, "model")
+
+
+def test_each_strategy_reaches_the_horovod_default_s_held_out_auc_on_the_ci_sample(repo_root, full_run):
+    """Issue 24's acceptance, on the CI sample itself (the same ingested rows, prepared again
+    with the same settings): every strategy's network within 0.02 of the Horovod default's
+    held-out AUC (run "full")."""
+    base = manifest(full_run, "full")["metrics"]["keras_horovod"]["auc"]
+    aucs = {}
+    for strategy in ("collective", "local_sgd", "parameter_server"):
+        done = run(pipeline_cmd(full_run, f"strategy-{strategy}", "--steps", "prepare,train,evaluate",
+                                "--set", f"train.strategy={strategy}", "--set", "baselines.models=[]"), repo_root)
+        assert done.returncode == 0, done.stderr[-3000:]
+        m = manifest(full_run, f"strategy-{strategy}")
+        assert m["config"]["train"]["strategy"] == strategy
+        aucs[strategy] = m["metrics"]["keras_horovod"]["auc"]
+    assert all(auc >= base - 0.02 for auc in aucs.values()), (base, aucs)

@@ -207,3 +207,7 @@ def test_the_report_names_the_strategy_and_what_it_communicated():
     assert rp.training_html({}) == "" and rp.training_html({"train": {"keras": {}}}) == ""
     result = {"task": "binary", "metrics": {"keras_horovod": {"rows": 2, "auc": 0.5}}}
     assert "Distributed training" in rp.render_html(result, {}, {"train": {"keras": keras}}, None)
+    ps = {**keras, "strategy": "parameter_server", "local_steps": None, "staleness": {"mean": 0.42, "max": 3}}
+    text = rp.training_html({"train": {"keras": ps}})
+    assert "parameter_server (asynchronous: workers wait for no one" in text
+    assert "<td style='text-align:left'>mean 0.42, max 3</td>" in text

@@ -1,4 +1,4 @@
-"""Issue 24: the strategy is a choice (horovod, collective, local_sgd) with one contract:
+"""Issue 24: the strategy is a choice (horovod, collective, local_sgd, parameter_server) with one contract:
 the same quality, identical replicas at the end, resume after a kill, a failing and a
 frozen rank named without a hang, the same persisted model, and a collective path that
 runs with Horovod made unimportable."""
@@ -24,7 +24,7 @@ from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
 
 from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
 
-OTHERS = ("collective", "local_sgd")
+OTHERS = ("collective", "local_sgd", "parameter_server")
 
 
 def _estimator(**kw):
@@ -43,8 +43,10 @@ def _auc(model, df):
 def test_the_strategies_are_the_registry_s_and_an_unknown_one_is_refused():
     assert tuple(strategies.STRATEGIES) == Choices.STRATEGIES
     assert strategies.backend_for("horovod") == "horovod"
-    assert {strategies.backend_for(s) for s in OTHERS} == {"tensorflow"}
-    with pytest.raises(ValueError, match="strategy must be one of 'horovod', 'collective', 'local_sgd', got 'ps'"):
+    assert {s: strategies.backend_for(s) for s in OTHERS} == {
+        "collective": "tensorflow", "local_sgd": "tensorflow", "parameter_server": "tensorflow_ps"}
+    with pytest.raises(ValueError, match="strategy must be one of 'horovod', 'collective', 'local_sgd', "
+                                         "'parameter_server', got 'ps'"):
         strategies.backend_for("ps")
 
 
@@ -59,6 +61,10 @@ def test_a_param_the_strategy_does_not_use_is_an_error_on_the_driver(cancer):  #
         _estimator(strategy="collective", localSteps=4).fit(cancer)
     with pytest.raises(ValueError, match="localSteps must be >= 1"):
         _estimator(strategy="local_sgd", localSteps=0).fit(cancer)
+    with pytest.raises(ValueError, match="with strategy='parameter_server' each update is one worker's batch: raise"):
+        _estimator(strategy="parameter_server", accumulationSteps=2).fit(cancer)
+    with pytest.raises(ValueError, match="scaleLearningRate applies to the synchronous strategies"):
+        _estimator(strategy="parameter_server", scaleLearningRate=True).fit(cancer)
 
 
 def test_a_frozen_rank_is_named_even_when_its_peer_s_collective_failed_first():
@@ -132,7 +138,26 @@ def test_replicas_end_identical_and_each_strategy_reports_what_it_sent(fitted):
     assert fitted["local_sgd"].trainingSummary["local_steps"] == 4
     # Only the horovod strategy's ranks import Horovod.
     assert {name: {r["horovod_imported"] for r in m.trainingSummary["ranks"]} for name, m in fitted.items()} == {
-        "horovod": {True}, "collective": {False}, "local_sgd": {False}}
+        "horovod": {True}, "collective": {False}, "local_sgd": {False}, "parameter_server": {False}}
+
+
+@pytest.mark.slow
+def test_the_parameter_server_s_workers_update_without_waiting_and_staleness_is_reported(fitted):
+    """Asynchronous: one copy of the weights (on the parameter server), updated by whichever
+    worker is free; an epoch is the ranks' rows in whole batches, whoever takes them. Updates
+    overlapping in time show as staleness (other updates between a worker's read and write)."""
+    s = fitted["parameter_server"].trainingSummary
+    rows = sum(r["rows"] for r in s["ranks"])
+    assert s["updates_per_epoch"] == rows // 32 and s["local_steps"] is None
+    epochs = len(s["history"])
+    assert s["ranks"][0]["allreduce_calls"] == s["updates_per_epoch"] * epochs
+    for h in s["history"]:
+        assert h["staleness_max"] >= 0 and 0 <= h["staleness_mean"] <= h["staleness_max"]
+        assert h["comm_bytes"] > 0 and h["wait_s"] == 0.0 and "val_auc" in h
+    # Two workers on two cores overlap: some update saw another land between its read and write.
+    assert s["staleness"]["max"] >= 1 and s["staleness"]["mean"] > 0, s["staleness"]
+    assert {k: v["staleness"] is None for k, v in ((n, m.trainingSummary) for n, m in fitted.items())} == {
+        "horovod": True, "collective": True, "local_sgd": True, "parameter_server": False}
 
 
 @pytest.mark.slow
