@@ -266,10 +266,13 @@ def test_each_strategy_reaches_the_horovod_default_s_held_out_auc_on_the_ci_samp
     base = manifest(full_run, "full")["metrics"]["keras_horovod"]["auc"]
     aucs = {}
     for strategy in ("collective", "local_sgd", "parameter_server"):
-        done = run(pipeline_cmd(full_run, f"strategy-{strategy}", "--steps", "prepare,train,evaluate",
+        done = run(pipeline_cmd(full_run, f"strategy-{strategy}", "--steps", "prepare,train,score,evaluate",
                                 "--set", f"train.strategy={strategy}", "--set", "baselines.models=[]"), repo_root)
         assert done.returncode == 0, done.stderr[-3000:]
         m = manifest(full_run, f"strategy-{strategy}")
         assert m["config"]["train"]["strategy"] == strategy
         aucs[strategy] = m["metrics"]["keras_horovod"]["auc"]
+        assert m["steps"]["evaluate"]["inputs"]["predictions"]["version"] > \
+            manifest(full_run, "full")["steps"]["evaluate"]["inputs"]["predictions"]["version"]  # its own scores
+    assert len(set(aucs.values())) == 3  # three networks, not one table scored three times
     assert all(auc >= base - 0.02 for auc in aucs.values()), (base, aucs)

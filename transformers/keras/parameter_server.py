@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 RECORDS = {"train": "train.rec", "validation": "validation.rec"}
 CONTROL = "ps-control.json"
 POLL_S = 0.2
+STALENESS_BINS = 256  # staleness counted per value 0..254, and 255 for "255 or more"
 
 
 def write_records(folder: str, part: str, weight: bool) -> int:
@@ -65,6 +66,19 @@ def write_records(folder: str, part: str, weight: bool) -> int:
             rows += len(y)
     feed.close()
     return rows
+
+
+def add_to_metrics(metrics, y_true, y_pred, weight) -> None:
+    """Add one batch to Keras ``metrics`` that several workers update at once. A Keras
+    variable's ``assign_add`` reads, then writes (a race loses updates: a training accuracy
+    above 1 was seen), so the batch's own contribution (the metric's update from a zero
+    state: Keras's metrics keep sums) goes in with TensorFlow's atomic ``assign_add``."""
+    import tensorflow as tf
+    for m in metrics:
+        zeros = [tf.zeros(v.shape, v.dtype) for v in m.variables]
+        delta = m.stateless_update_state(zeros, y_true, y_pred, sample_weight=weight)
+        for var, d in zip(m.variables, delta):
+            var.value.assign_add(d)
 
 
 def _wait_for(address: str, deadline: float) -> None:
@@ -118,11 +132,14 @@ class ParameterServer(RankStrategy):
             write_records(folder, part, spec.has_weight)
         os.chdir(folder)  # the workers' dataset names its file relative to here
         self._servers = [self._server("worker", self.rank)]
-        batch = int(spec.batch_size)
-        updates = max(1, sum(c.get(TRAIN, 0) for c in counts) // batch)
+        rows = [c.get(TRAIN, 0) for c in counts]
+        # A batch never repeats a row: at most the smallest shard (as the synchronous
+        # strategies' plan makes a partial batch of a shard smaller than one batch).
+        batch = min(int(spec.batch_size), min(rows))
+        updates = max(1, sum(rows) // batch)
         if self.rank == 0:
             self._servers.append(self._server("ps", 0))
-            return Coordinator(self, counts, updates).run(t_enter, devices)
+            return Coordinator(self, counts, updates, batch).run(t_enter, devices)
         return self._serve(t_enter, devices, counts, updates)
 
     def _serve(self, t_enter, devices, counts, updates) -> RankResult:
@@ -167,8 +184,8 @@ class Coordinator:
     """Rank 0's side: the variables on the parameter server, the scheduled updates, the
     epochs' records, validation, checkpoints and early stopping."""
 
-    def __init__(self, strategy: ParameterServer, counts: list, updates: int):
-        self.ps, self.counts, self.updates = strategy, counts, updates
+    def __init__(self, strategy: ParameterServer, counts: list, updates: int, batch: int):
+        self.ps, self.counts, self.updates, self.batch = strategy, counts, updates, batch
 
     def _connect(self):
         import tensorflow as tf
@@ -194,7 +211,10 @@ class Coordinator:
         from .rank_loop import EarlyStopping, _class_target, _column_target, learning_rate_at, require_finite
 
         spec: RankSpec = self.ps.spec
-        ps, updates, batch = self.ps, self.updates, int(spec.batch_size)
+        ps, updates, batch = self.ps, self.updates, self.batch
+        if batch < int(spec.batch_size):
+            log.info(f"[train] batchSize {spec.batch_size} is more than the smallest shard's {batch} training rows: "
+                     f"each update takes {batch} rows")
         keras.utils.set_random_seed(int(spec.seed))
         strategy, coordinator = self._connect()
         resume = spec.resume
@@ -208,7 +228,8 @@ class Coordinator:
             train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
             val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
             version = tf.Variable(start_epoch * updates, dtype=tf.int64)  # updates applied, over the run
-            stale_sum, stale_max = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
+            # Counted by atomic adds only (a read-then-write maximum would lose updates to a race).
+            stale_hist = tf.Variable(tf.zeros([STALENESS_BINS], tf.int64))
             sums = [tf.Variable(0.0, dtype=tf.float64) for _ in range(4)]  # loss, rows, val loss, val rows
         if resume:
             with np.load(io.BytesIO(resume["optimizer_bytes"]), allow_pickle=False) as saved:
@@ -248,16 +269,15 @@ class Coordinator:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))
                 with tf.control_dependencies([optimizer.iterations.value.read_value()]):  # after the apply
                     stale = version.assign_add(1, read_value=True) - 1 - read
-                stale_sum.assign_add(stale)
-                stale_max.assign(tf.maximum(stale_max, stale))
+                stale_hist.assign_add(tf.one_hot(tf.minimum(stale, STALENESS_BINS - 1), STALENESS_BINS,
+                                                 dtype=tf.int64))
                 sums[0].assign_add(tf.cast(loss, tf.float64) * tf.cast(tf.shape(y)[0], tf.float64))
                 sums[1].assign_add(tf.cast(tf.shape(y)[0], tf.float64))
                 update(train_metrics, y, pred, w)
             strategy.run(replica, args=(next(iterator),))
 
         def update(metrics, y, pred, w):  # apart: a Python loop inside a dataset loop would be loop state
-            for m in metrics:
-                m.update_state(target(y), pred, sample_weight=w)
+            add_to_metrics(metrics, target(y), pred, w)
 
         @tf.function
         def evaluate():
@@ -287,7 +307,7 @@ class Coordinator:
         checkpoint_s, t_first, t_train0 = 0.0, None, time.time()
         for epoch in range(start_epoch, epochs):
             t0 = time.time()
-            for v in (stale_sum, stale_max, *sums):
+            for v in (stale_hist, *sums):
                 v.assign(tf.zeros_like(v))
             for m in train_metrics + val_metrics:
                 m.reset_state()
@@ -300,12 +320,13 @@ class Coordinator:
             ps.bytes += updates * exchange
             done = int(version.numpy())
             rows = float(sums[1].numpy())
+            hist = stale_hist.numpy()
             record = {"epoch": epoch + 1, "loss": float(sums[0].numpy()) / max(rows, 1.0),
                       "learning_rate": float(lr_table[min(done, len(lr_table)) - 1]), "seconds": round(seconds, 3),
                       "samples_per_s": round(rows / seconds, 1), "input_s": 0.0, "compute_s": round(seconds, 3),
                       "allreduce_s": 0.0, "wait_s": 0.0, "comm_bytes": updates * exchange,
-                      "staleness_mean": round(float(stale_sum.numpy()) / updates, 3),
-                      "staleness_max": int(stale_max.numpy())}
+                      "staleness_mean": round(float(np.dot(np.arange(STALENESS_BINS), hist)) / max(hist.sum(), 1), 3),
+                      "staleness_max": int(np.flatnonzero(hist).max(initial=0))}
             for m in train_metrics:
                 record[m.name] = float(m.result())
             if spec.has_validation:
