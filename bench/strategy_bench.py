@@ -68,7 +68,8 @@ def held_out_auc(spark, prepare_model, keras_model, holdout) -> float:
 
 
 def run_one(estimator, train, strategy: str, local_steps: int) -> dict:
-    params = {estimator.strategy: strategy, estimator.measureWait: True, estimator.earlyStoppingPatience: 0}
+    params = {estimator.strategy: strategy, estimator.measureWait: strategy != "parameter_server",
+              estimator.earlyStoppingPatience: 0}
     if strategy == "local_sgd":
         params[estimator.localSteps] = local_steps
     if strategy == "parameter_server":  # each update is one worker's batch: the rate as given

@@ -158,6 +158,8 @@ def test_values_that_would_fail_late_are_config_errors(conf, override, key):
     (["train.strategy=collective", "train.compression=fp16"], "train.compression"),
     (["train.strategy=local_sgd", "train.accumulation_steps=4"], "train.accumulation_steps"),
     (["train.strategy=local_sgd", "train.local_steps=0"], "train.local_steps"),
+    (["train.strategy=parameter_server", "train.accumulation_steps=2"], "train.accumulation_steps"),
+    (["train.strategy=parameter_server", "train.compression=fp16"], "train.compression"),
     (["train.stall_timeout=0"], "train.stall_timeout"),
 ])
 def test_a_strategy_and_params_it_does_not_use_are_refused_before_any_step(conf, overrides, key):
@@ -165,6 +167,9 @@ def test_a_strategy_and_params_it_does_not_use_are_refused_before_any_step(conf,
         load_config(conf, overrides=overrides)
     assert load_config(conf, overrides=["train.strategy=local_sgd", "train.local_steps=4"]).train.local_steps == 4
     assert load_config(conf, overrides=["train.compression=fp16"]).train.strategy == "horovod"
+    # The default scale_learning_rate (true) does not stop parameter_server: the train job
+    # passes it to the synchronous strategies only.
+    assert load_config(conf, overrides=["train.strategy=parameter_server"]).train.scale_learning_rate is True
 
 
 def test_an_output_folder_on_hdfs_needs_a_tracking_store_of_its_own(conf):

@@ -51,3 +51,19 @@ def test_the_estimator_takes_an_explicit_batch_or_one_from_the_rows(repo_root):
         keras_estimator(base.train, task="binary", seed=1)
     ci = load_config(os.path.join(repo_root, "conf"), env="ci")
     assert keras_estimator(ci.train, task="binary", seed=1, rows=43_000).getBatchSize() == ci.train.batch_size == 128
+
+
+def test_the_train_job_s_parameter_server_estimator_takes_the_rate_as_given(repo_root):
+    """train.scale_learning_rate (default true) is the synchronous strategies' rule; the job
+    does not pass it to parameter_server, whose estimator would refuse it."""
+    import os
+
+    from sparkdeep.config import load_config
+    from sparkdeep.pipelines.train import keras_estimator
+    conf = os.path.join(repo_root, "conf")
+    ps = load_config(conf, env="ci", overrides=["train.strategy=parameter_server"])
+    est = keras_estimator(ps.train, task="binary", seed=1, rows=1000)
+    assert est.getOrDefault(est.strategy) == "parameter_server" and not est.isSet(est.scaleLearningRate)
+    est._check_strategy_params()  # no error
+    sync = keras_estimator(load_config(conf, env="ci").train, task="binary", seed=1, rows=1000)
+    assert sync.isSet(sync.scaleLearningRate) and sync.getOrDefault(sync.scaleLearningRate) is True

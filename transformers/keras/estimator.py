@@ -172,6 +172,9 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                 raise ValueError("scaleLearningRate applies to the synchronous strategies (one update per step of "
                                  "every rank); with strategy='parameter_server' each update is one worker's batch "
                                  "and the learning rate is used as given")
+            if self.getOrDefault(self.measureWait):
+                raise ValueError("measureWait applies to the synchronous strategies (a barrier before each "
+                                 "exchange); strategy='parameter_server''s workers never wait for each other")
         if strategy != "local_sgd" and self.isSet(self.localSteps):
             raise ValueError(f"localSteps applies to strategy='local_sgd' only, not strategy={strategy!r}")
 
