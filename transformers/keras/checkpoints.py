@@ -31,6 +31,17 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
         put(f"{epoch_folder}/best.npz", best.getvalue())
     put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
 
+def load_optimizer_state(optimizer, data: bytes) -> None:
+    """Put a checkpoint's ``optimizer.npz`` (written by :func:`send_checkpoint`) back into
+    ``optimizer``'s variables, in order."""
+    import io
+
+    import numpy as np
+    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+        for i, var in enumerate(optimizer.variables):
+            var.assign(saved[f"v{i}"])
+
+
 def best_weights_from(data: bytes | None):
     """Weights saved by :func:`_checkpoint` as ``best.npz``, in order (None without any)."""
     if not data:

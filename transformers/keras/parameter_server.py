@@ -81,6 +81,15 @@ def add_to_metrics(metrics, y_true, y_pred, weight) -> None:
             var.value.assign_add(d)
 
 
+def learning_rates(spec: RankSpec, updates: int) -> list[float]:
+    """The rate of every update of the run, 1 to ``epochs x updates``: the synchronous
+    strategies' schedule (:func:`~.rank_loop.learning_rate_at`), not scaled by the ranks."""
+    from .rank_loop import learning_rate_at
+    base, total = float(spec.learning_rate), int(spec.epochs) * updates
+    warmup = int(round(float(spec.warmup_epochs) * updates))
+    return [learning_rate_at(u, base, base, warmup, total, spec.lr_schedule) for u in range(1, total + 1)]
+
+
 def _wait_for(address: str, deadline: float) -> None:
     host, port = address.rsplit(":", 1)
     while True:
@@ -198,17 +207,15 @@ class Coordinator:
         return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
 
     def run(self, t_enter: float, devices: str | None) -> RankResult:
-        import io
-
         import keras
         import tensorflow as tf
 
         from sparkdeep.transformers._faults import after_epoch_hook
 
-        from .checkpoints import best_weights_from, send_checkpoint
+        from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
         from .feed import TRAIN, VALIDATION
         from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-        from .rank_loop import EarlyStopping, _class_target, _column_target, learning_rate_at, require_finite
+        from .rank_loop import EarlyStopping, _class_target, _column_target, require_finite
 
         spec: RankSpec = self.ps.spec
         ps, updates, batch = self.ps, self.updates, self.batch
@@ -232,17 +239,12 @@ class Coordinator:
             stale_hist = tf.Variable(tf.zeros([STALENESS_BINS], tf.int64))
             sums = [tf.Variable(0.0, dtype=tf.float64) for _ in range(4)]  # loss, rows, val loss, val rows
         if resume:
-            with np.load(io.BytesIO(resume["optimizer_bytes"]), allow_pickle=False) as saved:
-                for i, var in enumerate(optimizer.variables):
-                    var.assign(saved[f"v{i}"])
+            load_optimizer_state(optimizer, resume["optimizer_bytes"])
         loss_fn = keras.losses.get(spec.loss)
         target = _class_target if spec.task == "multiclass" else _column_target
         width = int(model.inputs[0].shape[-1])
         record_bytes = 4 * (width + 2)
-        lr_table = tf.constant([learning_rate_at(u, float(spec.learning_rate), float(spec.learning_rate),
-                                                 int(round(float(spec.warmup_epochs) * updates)), epochs * updates,
-                                                 spec.lr_schedule) for u in range(1, epochs * updates + 1)],
-                               dtype=tf.float32)
+        lr_table = tf.constant(learning_rates(spec, updates), dtype=tf.float32)
 
         def decode(raw):
             v = tf.reshape(tf.io.decode_raw(raw, tf.float32), [-1, width + 2])

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from sparkdeep.transformers._faults import after_epoch_hook
 
-from .checkpoints import best_weights_from, send_checkpoint
+from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
 
@@ -245,7 +245,6 @@ def train_rank(spec: RankSpec) -> RankResult:
     t_enter = time.time()
     pinned = _pin_devices()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
     import tensorflow as tf
 
     from . import strategies
@@ -279,10 +278,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     optimizer = keras.optimizers.get({"class_name": spec.optimizer, "config": {"learning_rate": base_lr}})
     optimizer.build(model.trainable_variables)
     if resume and rank == 0:
-        import io
-        with np.load(io.BytesIO(resume["optimizer_bytes"]), allow_pickle=False) as saved:
-            for i, var in enumerate(optimizer.variables):
-                var.assign(saved[f"v{i}"])
+        load_optimizer_state(optimizer, resume["optimizer_bytes"])
     steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task)
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
