@@ -1,6 +1,7 @@
 """Where a benchmark's results go: one JSON file under bench/results/ (read by RESULTS.md)."""
 import json
 import os
+import time
 
 
 def write(path: str, results: dict) -> None:
@@ -8,3 +9,11 @@ def write(path: str, results: dict) -> None:
     with open(path, "w") as fh:
         json.dump(results, fh, indent=2)
     print(f"wrote {path}")
+
+
+def finish(path: str, results: dict, args) -> int:
+    """Stamp ``results`` with the run's arguments and time, write them; the script's exit code."""
+    results["config"] = vars(args)
+    results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write(path, results)
+    return 0

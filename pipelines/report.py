@@ -257,6 +257,36 @@ def learning_curves_figure(history: list[dict], metrics: list[str] | None = None
     return fig
 
 
+_SPLIT_LABELS = {"input_s": "input wait", "compute_s": "compute", "allreduce_s": "communication",
+                 "wait_s": "waiting for the other ranks", "idle_s": "idle (Python, dispatch)"}
+
+
+def time_split_figure(profile: dict):
+    """Each rank's epochs as stacked bars: where each epoch's seconds went (the parts sum to
+    the epoch within the profile's stated tolerance), CPU utilisation above each bar."""
+    ranks = profile["ranks"]
+    epochs = sorted({e["epoch"] for r in ranks for e in r["epochs"]})
+    width = 0.8 / len(ranks)
+    fig, ax = _fig(max(5.2, 0.5 * len(epochs) * len(ranks) + 2), 3.8)
+    colours = dict(zip(_SPLIT_LABELS, ("tab:green", "tab:blue", "tab:red", "tab:orange", "tab:gray")))
+    for i, r in enumerate(ranks):
+        by_epoch = {e["epoch"]: e for e in r["epochs"]}
+        x = np.array([epochs.index(k) for k in by_epoch]) + (i - (len(ranks) - 1) / 2) * width
+        bottom = np.zeros(len(x))
+        for key, label in _SPLIT_LABELS.items():
+            values = np.array([by_epoch[k].get(key, 0.0) for k in by_epoch])
+            ax.bar(x, values, width * 0.95, bottom=bottom, color=colours[key], label=label if i == 0 else None)
+            bottom += values
+        for xi, top, k in zip(x, bottom, by_epoch):
+            ax.text(xi, top, f"r{r['rank']}\n{by_epoch[k].get('cpu_percent', 0):.0f}%", ha="center", va="bottom",
+                    fontsize=6)
+    ax.set(xticks=np.arange(len(epochs)), xticklabels=[str(e) for e in epochs], xlabel="epoch (bars: ranks)",
+           ylabel="seconds", title="Where each rank's epoch went (label: rank, CPU %)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def class_balance_figure(sampler: dict):
     fig, ax = _fig()
     classes = sampler["classes"]
@@ -355,6 +385,9 @@ def figures(result: dict, data: dict[str, dict], reports: dict[str, dict]) -> li
     history = ((reports.get("train") or {}).get("keras") or {}).get("history") or []
     if history:
         out.append(("Training", "Learning curves", learning_curves_figure(history)))
+    profile = ((reports.get("train") or {}).get("keras") or {}).get("profile")
+    if profile and profile.get("ranks"):
+        out.append(("Training", "Time split per rank and epoch", time_split_figure(profile)))
     prep = reports.get("prepare") or {}
     if (prep.get("sampler") or {}).get("classes"):
         out.append(("Data reduction", "Class balance before and after downsampling",
@@ -499,12 +532,24 @@ def training_html(reports: dict[str, dict]) -> str:
     rows = [("strategy", html.escape(strategy)), ("ranks", f"{len(ranks):,}" if ranks else "&ndash;"),
             ("epochs", f"{len(history):,}")]
     for label, key, unit in (("samples/s (epochs after the first)", "samples_per_s", ""),
-                             ("seconds per epoch", "seconds", " s"), ("computing per epoch", "compute_s", " s"),
+                             ("seconds per epoch", "seconds", " s"), ("input wait per epoch", "input_s", " s"),
+                             ("computing per epoch", "compute_s", " s"),
                              ("communicating per epoch", "allreduce_s", " s"),
-                             ("waiting for the other ranks per epoch", "wait_s", " s")):
+                             ("waiting for the other ranks per epoch", "wait_s", " s"),
+                             ("idle per epoch (Python between the parts, dispatch)", "idle_s", " s"),
+                             ("CPU of rank 0's process (100% = one core busy)", "cpu_percent", "%"),
+                             ("achieved GFLOP/s (rank 0, estimated FLOPs per sample)", "gflop_s", "")):
         value = mean(key)
         if value is not None:
-            rows.append((label, f"{value:,.1f}{unit}" if key == "samples_per_s" else f"{value:.2f}{unit}"))
+            rows.append((label, f"{value:,.1f}{unit}" if key in ("samples_per_s", "cpu_percent")
+                         else f"{value:.2f}{unit}"))
+    profile = keras.get("profile") or {}
+    peaks = [e.get("peak_rss_mb", 0) for r in profile.get("ranks") or [] for e in r["epochs"]]
+    if peaks:
+        rows.append(("peak memory of a rank process", f"{max(peaks):,.0f} MB"))
+    if profile.get("flops_per_sample"):
+        rows.append(("training FLOPs per sample (estimate: forward and backward)",
+                     f"{profile['flops_per_sample']:,}"))
     if calls is not None and sent is not None:
         rows.append(("exchanges per epoch (rank 0)", f"{calls / len(history):,.1f}"))
         rows.append(("bytes sent per epoch (rank 0, payload)", f"{sent / len(history) / 1e6:,.2f} MB"))

@@ -50,14 +50,15 @@ def auto_batch_size(rows: int, num_proc: int, validation_fraction: float) -> int
 
 
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
-                    checkpoint_dir: str = "",
+                    checkpoint_dir: str = "", trace_dir: str = "",
                     layout: dict | None = None, rows: int | None = None) -> KerasHorovodEstimator:
     """The estimator the train step uses, from the ``train`` section of the config.
 
     ``layout`` (``prepare.embedding_layout`` of an embedding-encoded prepare model, with
     ``numeric_dim``) picks the tabular network: one embedding per categorical column, the
     numbers beside them; without it, the MLP on the prepared vector. ``train.batch_size: 0``
-    takes the batch from ``rows`` (:func:`auto_batch_size`)."""
+    takes the batch from ``rows`` (:func:`auto_batch_size`). With ``train.trace``, the deep
+    traces go to ``trace_dir``."""
     t = train_cfg
     batch = t.batch_size
     if not batch:
@@ -85,7 +86,8 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         localSteps=t.local_steps if t.strategy == "local_sgd" else None,
         # The synchronous strategies' rule (parameter_server's updates are one worker's batch each).
         scaleLearningRate=t.scale_learning_rate if t.strategy != "parameter_server" else None,
-        shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed)
+        shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed,
+        traceDir=trace_dir if t.trace else None, traceEpoch=min(2, t.epochs) if t.trace else None)
 
 
 def scoring_pipeline(prepare_model: PipelineModel, final_stage, classes: list[str] | None = None) -> PipelineModel:
@@ -143,7 +145,8 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     checkpoint_run = checkpoint_key(cfg, fingerprint, (run.run_id, run.generation) if run.forced else None)
     layout = network_layout(prepare_model, train)
     estimator = keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
-                                   checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"])
+                                   checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
+                                   trace_dir=paths.trace_dir(run.run_id))
     if not t.batch_size:
         log.info(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
                  f"(train.batch_size 0)")
@@ -160,6 +163,10 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
         log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
                  f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
                  f"fit total {timings['fit_total']:.1f}s")
+        if timings.get("launch"):
+            log.info("[train] launch to first step, part by part: " +
+                     ", ".join(f"{k} {v:.1f}s" for k, v in timings["launch"].items()) +
+                     f"; after the last step {timings.get('teardown', 0):.1f}s")
     log.info("[train] baselines on every assembled feature of every training row, fit time: " +
              ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,

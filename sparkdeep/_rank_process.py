@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
+
+_STARTED = time.time()  # before any import of ours: the interpreter's own start is the gap before it
 
 
 def main(work: str) -> int:
-    from sparkdeep.distributed import _BEAT_ENV, RANK_ENV, heartbeat, send
+    from sparkdeep.distributed import _BEAT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send
 
+    os.environ[PROCESS_START_ENV] = repr(_STARTED)
     rank = os.environ.get(RANK_ENV, "?")
     setting = os.environ.get(_BEAT_ENV, "")
     if setting:

@@ -81,6 +81,7 @@ class TrainConfig:
     strategy: str           # how the ranks agree: horovod, collective, local_sgd or parameter_server (Choices.STRATEGIES)
     local_steps: int        # local_sgd: updates each rank takes alone between weight averages
     stall_timeout: float    # seconds without a rank's heartbeat before fit fails naming it
+    trace: bool             # TensorFlow profiler (epoch 2, else 1) and Horovod timeline beside the run's reports
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,10 @@ RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled 
 DEVICES_ENV = "SPARKDEEP_DEVICES"  # the GPU addresses Spark gave the rank's task
 RANK_ENV, SIZE_ENV = "SPARKDEEP_RANK", "SPARKDEEP_SIZE"  # this rank and the number of ranks
 TIMEOUT_ENV = "SPARKDEEP_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for a peer
+# The launch's instants (time.time()) a rank's task saw: its start, its shard spilled, its
+# process spawned (JSON); the rank process adds its own start (:data:`PROCESS_START_ENV`).
+LAUNCH_TIMES_ENV = "SPARKDEEP_LAUNCH_TIMES"
+PROCESS_START_ENV = "SPARKDEEP_PROCESS_START"
 BACKENDS = ("horovod", "tensorflow", "tensorflow_ps")
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
 
@@ -391,6 +395,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
     from collections import deque
 
     from pyspark import BarrierTaskContext
+    t_task = time.time()
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     setting = conf["channel"]
@@ -408,12 +413,14 @@ def _rank_task(batches, conf: dict, payload: bytes):
         data = os.path.join(work, "data")
         os.makedirs(data)
         counts: dict = {}
+        t_spilled = t_task  # no data: nothing to spill
         try:
             if batches is not None:
                 spill = conf["spill"].open(data)
                 for batch in batches:
                     spill.write(batch)
                 counts = spill.close()
+            t_spilled = time.time()
         except BaseException as exc:
             try:
                 send(setting, "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
@@ -442,6 +449,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
         env = {**os.environ, **conf["env"], **backend_env(conf["backend"], conf, plan, ports, rank),
                RANK_ENV: str(rank), SIZE_ENV: str(len(plan)), TIMEOUT_ENV: f"{conf['collective_timeout']:g}",
                RANK_DATA_ENV: data, _BEAT_ENV: setting, "PYTHONUNBUFFERED": "1",
+               LAUNCH_TIMES_ENV: json.dumps({"task_start": t_task, "spilled": t_spilled, "spawn": time.time()}),
                # The shipped --py-files archives are on this worker's path, not on a new process's.
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         gpus = ctx.resources().get("gpu")

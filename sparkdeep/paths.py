@@ -114,6 +114,10 @@ class Paths:
     def run_report(self, run_id: str, name: str, ext: str = "json") -> str:
         return storage.join(self.root, "runs", run_id, "reports", f"{name}.{ext}")
 
+    def trace_dir(self, run_id: str) -> str:
+        """The run's optional deep traces (TensorFlow profiler, Horovod timeline)."""
+        return storage.join(self.root, "runs", run_id, "reports", "trace")
+
     @property
     def checkpoints(self) -> str:
         return storage.join(self.root, "checkpoints")

@@ -123,16 +123,16 @@ def test_prefetch_keeps_order_and_hands_errors_to_the_consumer():
         next(it)
 
 
-def test_the_epoch_loop_trains_without_horovod(tmp_path):
-    """run_epoch with an identity all-reduce: the same loop a rank runs, in one process."""
+def logistic_steps_and_feed(folder: str, n: int = 2000, **steps_kw):
+    """A one-layer logistic model's :class:`Steps` (``steps_kw``: metrics, reduce) and a
+    feed of ``n`` spilled rows of 4 features (batches of 50), as a rank would stream them."""
     import keras
 
-    from sparkdeep.transformers.keras.rank_loop import Steps, run_epoch
+    from sparkdeep.transformers.keras.rank_loop import Steps
     rng = np.random.default_rng(0)
-    n = 2000
     x = rng.normal(size=(n, 4)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("float32")
-    spill = ShardSpill(chunk_rows=100).open(str(tmp_path))
+    spill = ShardSpill(chunk_rows=100).open(folder)
     spill.write(pa.RecordBatch.from_arrays(
         [pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4).cast(pa.list_(pa.float32())), pa.array(y)],
         names=["features", "label"]))
@@ -142,8 +142,15 @@ def test_the_epoch_loop_trains_without_horovod(tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(inputs))
     optimizer = keras.optimizers.Adam(0.05)
     optimizer.build(model.trainable_variables)
-    steps = Steps(model, optimizer, keras.losses.get("binary_crossentropy"), "binary")
-    feed = ShardFeed(str(tmp_path), batch_size=50, buffer_rows=300, seed=3)
+    steps = Steps(model, optimizer, keras.losses.get("binary_crossentropy"), "binary", **steps_kw)
+    return steps, ShardFeed(folder, batch_size=50, buffer_rows=300, seed=3)
+
+
+def test_the_epoch_loop_trains_without_horovod(tmp_path):
+    """run_epoch with an identity all-reduce: the same loop a rank runs, in one process."""
+    from sparkdeep.transformers.keras.rank_loop import run_epoch
+    n = 2000
+    steps, feed = logistic_steps_and_feed(str(tmp_path), n)
     plan = plan_steps([feed.rows], 50, accumulation=2)
     losses = []
     for epoch in range(3):

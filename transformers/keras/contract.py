@@ -43,6 +43,10 @@ class RankSpec:
     local_steps: int
     measure_wait: bool
     checkpoint_dir: str | None = None
+    # Optional deep traces (not a training setting): TensorFlow's profiler over epoch
+    # ``trace_epoch`` of each rank and Horovod's timeline, under ``trace_dir`` ('' = none).
+    trace_dir: str | None = None
+    trace_epoch: int = 0
     # A resumed run: completed_epochs, history, model_bytes, optimizer_bytes (rank 0's state).
     resume: dict | None = field(default=None)
 
@@ -72,6 +76,9 @@ class RankTimings:
     first_step: float   # the first gradient was computed
     end: float          # the last epoch ended
     checkpoints: float  # seconds rank 0 spent handing checkpoints to the driver
+    # The launch's instants on the way to the first step (task start, spilled, spawn,
+    # process_start, enter, imported, joined, model_ready): :func:`.profile.launch_breakdown`.
+    launch: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,9 @@ class RankResult:
     history: list | None = None
     model_bytes: bytes | None = None
     staleness: dict | None = None  # parameter_server: other updates between a read and its write
+    # Per epoch, this rank's own profile (:mod:`.profile`): the time split, CPU, FLOP/s, memory.
+    profile: list | None = None
+    flops_per_sample: int | None = None  # the network's estimated training FLOPs per sample
 
     def report(self) -> dict:
         """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""

@@ -41,6 +41,7 @@ from .checkpoints import CheckpointStore, check_signature, read_checkpoint, chec
 from .contract import RankSpec, Staged
 from .feed import ShardSpill, chunk_rows_for
 from .model import KerasHorovodModel
+from .profile import launch_breakdown, profile_summary
 from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
                       network_output)
 from .params import (CheckpointParams, RunParams, NetworkParams, ScoringParams,
@@ -74,7 +75,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                  runId: str | None = None, checkpointDir: str | None = None,
                  shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
                  stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
-                 measureWait: bool | None = None):
+                 measureWait: bool | None = None, traceDir: str | None = None, traceEpoch: int | None = None):
         super().__init__()
         self._setDefault(seed=42)
         self._model_bytes: bytes | None = None
@@ -139,6 +140,9 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             raise ValueError(f"validationCol {vcol!r} must be a boolean column of the input")
         if self.getOrDefault(self.earlyStoppingPatience) < 0:
             raise ValueError("earlyStoppingPatience must be >= 0")
+        if self.getOrDefault(self.traceDir) and not 1 <= self.getOrDefault(self.traceEpoch) <= self.getEpochs():
+            raise ValueError(f"traceEpoch must be between 1 and epochs={self.getEpochs()} (the epoch TensorFlow's "
+                             f"profiler traces), got {self.getOrDefault(self.traceEpoch)}")
         self.checkpoint_folder()
         master = dataset.sparkSession.sparkContext.getConf().get("spark.master", "")
         slots = task_slots(dataset.sparkSession.sparkContext, self.getNumProc())
@@ -290,7 +294,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
             shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), strategy=self.getOrDefault(self.strategy),
             local_steps=self.getOrDefault(self.localSteps), measure_wait=self.getOrDefault(self.measureWait),
-            checkpoint_dir=folder, resume=resume)
+            checkpoint_dir=folder, resume=resume, trace_dir=self.getOrDefault(self.traceDir) or None,
+            trace_epoch=self.getOrDefault(self.traceEpoch) if self.getOrDefault(self.traceDir) else 0)
         if resume:
             log.info(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
                      f"{resume['completed_epochs']}")
@@ -312,6 +317,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             "strategy": spec.strategy,
             "local_steps": spec.local_steps if spec.strategy == "local_sgd" else None,
             "staleness": chief.staleness,
+            "profile": profile_summary(results),
             "steps_per_epoch": chief.steps_per_epoch,
             "updates_per_epoch": chief.updates_per_epoch,
             "stopped_early": chief.stopped_early,
@@ -329,6 +335,12 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                 # Rank 0's time handing each epoch's checkpoint to the driver (inside "training").
                 "checkpoints": chief.timings.checkpoints,
                 "fit_total": round(t_done - t_launch, 3),
+                # Where the launch went, part by part (transformers/keras/profile.LAUNCH_PARTS), and
+                # after the last step: results and the model back to the driver, processes and stage ended.
+                "launch": launch_breakdown(t_launch, t_staged, [
+                    {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
+                    for r in results]),
+                "teardown": round(t_done - max(r.timings.end for r in results), 3),
             },
         }
         model = KerasHorovodModel(kerasBytes=chief.model_bytes, trainingSummary=summary)

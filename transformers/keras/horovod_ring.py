@@ -6,11 +6,12 @@ GPU), optionally as float16 on the wire (``compression='fp16'``).
 """
 from __future__ import annotations
 
-from .strategies import RankStrategy, payload_bytes
+from .strategies import RankStrategy, dense_gradients, payload_bytes
 
 
 class HorovodRing(RankStrategy):
     name = "horovod"
+    reduces_in_graph = True
 
     def start(self) -> tuple[int, int]:
         import horovod.tensorflow as hvd
@@ -31,8 +32,13 @@ class HorovodRing(RankStrategy):
             var.assign(self.hvd.broadcast(tf.convert_to_tensor(var), root_rank=0, name=self._name("init")))
 
     def gradients(self, grads: list) -> list:
-        self.calls += 1
-        self.bytes += payload_bytes(grads) // (2 if self.spec.compression == "fp16" else 1)
+        out = self.graph_gradients(grads)
+        self.count(1)
+        return out
+
+    def graph_gradients(self, grads: list) -> list:
+        grads = dense_gradients(grads)
+        self.update_bytes = payload_bytes(grads) // (2 if self.spec.compression == "fp16" else 1)
         return self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self._compression)
 
     def sum(self, values: list[float]) -> list[float]:

@@ -16,6 +16,13 @@ from .tf_collective import TensorFlowCollective
 
 class LocalSGD(TensorFlowCollective):
     name = "local_sgd"
+    reduces_in_graph = True  # nothing to reduce: the step is one graph call
+
+    def graph_gradients(self, grads: list) -> list:
+        return grads
+
+    def count(self, updates: int) -> None:
+        """Nothing sent per update (the weight averages count themselves)."""
 
     def start(self) -> tuple[int, int]:
         self.every = int(self.spec.local_steps)

@@ -129,6 +129,14 @@ class RunParams(Params):
                         "time a barrier before each update's exchange, so the time waiting for the other ranks "
                         "is reported apart from sending (wait_s; costs one small collective per update)",
                         typeConverter=TypeConverters.toBoolean)
+    traceDir = Param(Params._dummy(), "traceDir",
+                     "folder for optional deep traces ('' = none): TensorFlow's profiler over epoch traceEpoch "
+                     "of each rank (rank-<n>/, TensorBoard's profile tab) and Horovod's timeline "
+                     "(horovod-timeline.json, chrome://tracing); the per-epoch profile is always kept",
+                     typeConverter=TypeConverters.toString)
+    traceEpoch = Param(Params._dummy(), "traceEpoch",
+                       "the epoch (1-based) TensorFlow's profiler traces when traceDir is set (>= 1; the first "
+                       "epoch also traces the step's graph)", typeConverter=TypeConverters.toInt)
     shuffleBufferRows = Param(Params._dummy(), "shuffleBufferRows",
                               "rows in each rank's shuffle window (>= 1): a rank holds at most this many rows "
                               "plus one stored chunk and a few batches, whatever its shard's size",
@@ -138,7 +146,8 @@ class RunParams(Params):
         super().__init__(*args)
         self._setDefault(numProc=2, epochs=5, batchSize=256, shuffleBufferRows=65536, accumulationSteps=1,
                          compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
-                         lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False)
+                         lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False,
+                         traceDir="", traceEpoch=2)
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)

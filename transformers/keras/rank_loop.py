@@ -24,6 +24,7 @@ for the other ranks before communicating).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from sparkdeep.transformers._faults import after_epoch_hook
 from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
+from .profile import EpochClock, EpochTrace, horovod_timeline_env, training_flops_per_sample
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,17 @@ def _os_threads() -> int:
             return next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
     except (OSError, StopIteration, ValueError):
         return -1
+
+
+def launch_instants(**now: float) -> dict:
+    """The instants of this rank's launch (``time.time()``): those its task passed on (task
+    start, shard spilled, process spawned), the process's own start, and ``now``'s."""
+    from sparkdeep.distributed import LAUNCH_TIMES_ENV, PROCESS_START_ENV
+    out = dict(json.loads(os.environ.get(LAUNCH_TIMES_ENV) or "{}"))
+    if os.environ.get(PROCESS_START_ENV):
+        out["process_start"] = float(os.environ[PROCESS_START_ENV])
+    out.update(now)
+    return out
 
 
 def _code_root() -> str:
@@ -121,6 +134,10 @@ class EarlyStopping:
             model.set_weights(self.best_weights)
 
 
+def _identity(grads: list) -> list:
+    return grads
+
+
 def _class_target(yb):
     return yb
 
@@ -130,22 +147,32 @@ def _column_target(yb):
 
 
 class Steps:
-    """The step, in three parts so each is timed: local gradients (``tf.function``), the
-    all-reduce (given: Horovod on a rank, identity in a test), the optimizer update."""
+    """The step. Split in three so each part is timed from Python: local gradients (which
+    also update the training metrics; ``tf.function``), the reduction (given: the strategy's,
+    identity in a test), the optimizer update (``tf.function``). With ``reduce`` (a
+    strategy's in-graph reduction, :meth:`~.strategies.RankStrategy.graph_gradients`), also
+    :attr:`fused`: the three in one ``tf.function``, no Python between them, which stamps
+    the time (``tf.timestamp``) after the gradients, after the reduction and after the
+    update, so the split survives the fusion."""
 
-    def __init__(self, model, optimizer, loss_fn, task: str):
+    def __init__(self, model, optimizer, loss_fn, task: str, metrics=(), reduce: Callable | None = None):
         import tensorflow as tf
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         # Integer class labels against k outputs; otherwise one column per row.
         self.target = target = _class_target if task == "multiclass" else _column_target
+        self.metrics = metrics = list(metrics)
 
-        # reduce_retracing: an epoch's last batch may be partial; one more trace, not one per size.
-        @tf.function(reduce_retracing=True)
-        def local_gradients(xb, yb, wb):
+        def gradients(xb, yb, wb):
             with tf.GradientTape() as tape:
                 pred = model(xb, training=True)
                 loss = tf.reduce_mean(loss_fn(target(yb), pred) * wb)
-            return loss, pred, tape.gradient(loss, model.trainable_variables)
+            grads = tape.gradient(loss, model.trainable_variables)
+            for m in metrics:
+                m.update_state(target(yb), pred, sample_weight=wb)
+            return loss, grads
+
+        # reduce_retracing: an epoch's last batch may be partial; one more trace, not one per size.
+        local_gradients = tf.function(gradients, reduce_retracing=True)
 
         @tf.function
         def apply(grads):
@@ -156,39 +183,80 @@ class Steps:
             return model(xb, training=False)
 
         self.local_gradients, self.apply, self.predict = local_gradients, apply, predict
+        self.fused = None
+        if reduce is not None:
+            @tf.function(reduce_retracing=True)
+            def fused(xb, yb, wb):
+                t0 = tf.timestamp()
+                with tf.control_dependencies([t0]):
+                    loss, grads = gradients(xb, yb, wb)
+                with tf.control_dependencies(tf.nest.flatten([loss, grads], expand_composites=True)):
+                    t1 = tf.timestamp()
+                with tf.control_dependencies([t1]):
+                    reduced = reduce(grads)
+                with tf.control_dependencies(tf.nest.flatten(reduced, expand_composites=True)):
+                    t2 = tf.timestamp()
+                with tf.control_dependencies([t2]):
+                    optimizer.apply_gradients(zip(reduced, model.trainable_variables))
+                with tf.control_dependencies([tf.convert_to_tensor(v) for v in model.trainable_variables]):
+                    t3 = tf.timestamp()
+                return loss, tf.stack([t0, t1, t2, t3])
+            self.fused = fused
 
 
 def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulation: int,
-              allreduce: Callable, set_lr: Callable[[], float], metrics=(),
+              allreduce: Callable, set_lr: Callable[[], float],
               after_update: Callable[[], bool] | None = None, wait: Callable[[], None] | None = None) -> dict:
     """One epoch: ``updates`` optimizer updates of ``accumulation`` batches each, gradients
     reduced by ``allreduce`` once per update, then ``after_update()`` (a strategy's own
     exchange, e.g. local SGD's weight average; timed as communication). With ``wait``,
     a barrier before each reduction, timed apart: time spent waiting for the other ranks.
+    One batch per update, no ``wait`` and a fused step (:attr:`Steps.fused`): the whole
+    step is one graph call, its parts timed inside it.
+
     Returns the mean batch loss, the rows and batches seen, the last learning rate and how
-    the time went (input, compute, communication, waiting)."""
+    the time went: input, compute, communication, waiting, and ``idle_s``, the rest of the
+    loop's wall time (Python between the parts, the learning-rate update, dispatch), so the
+    five add up to ``loop_s``."""
     t_input = t_compute = t_comm = t_wait = 0.0
     total, rows, batches_seen, lr = 0.0, 0, 0, float("nan")
     first_step = None
-    for m in metrics:
+    fused = steps.fused if accumulation == 1 and wait is None else None
+    for m in steps.metrics:
         m.reset_state()
+    t_loop = time.perf_counter()
     for _ in range(updates):
+        if fused is not None:
+            ta = time.perf_counter()
+            xb, yb, wb = next(batches)
+            t_input += time.perf_counter() - ta
+            lr = set_lr()
+            loss, stamps = fused(xb, yb, wb)
+            t0, t1, t2, t3 = (float(t) for t in stamps.numpy())
+            t_compute += (t1 - t0) + (t3 - t2)
+            t_comm += t2 - t1
+            total += float(loss)
+            rows += len(yb)
+            batches_seen += 1
+            first_step = first_step or time.time()
+            if after_update is not None:
+                te = time.perf_counter()
+                after_update()
+                t_comm += time.perf_counter() - te
+            continue
         acc = None
         for _ in range(accumulation):
             ta = time.perf_counter()
             xb, yb, wb = next(batches)
             tb = time.perf_counter()
-            loss, pred, grads = steps.local_gradients(xb, yb, wb)
-            for m in metrics:
-                m.update_state(steps.target(yb), pred, sample_weight=wb)
+            loss, grads = steps.local_gradients(xb, yb, wb)
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
             total += float(loss)
             rows += len(yb)
             batches_seen += 1
             t_input += tb - ta
             t_compute += time.perf_counter() - tb
-            if first_step is None:
-                first_step = time.time()
+            first_step = first_step or time.time()
         if accumulation > 1:
             acc = [a / accumulation for a in acc]
         if wait is not None:
@@ -206,9 +274,11 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
         if after_update is not None:
             after_update()
             t_comm += time.perf_counter() - te
+    loop_s = time.perf_counter() - t_loop
     return {"loss": total / max(batches_seen, 1), "rows": rows, "batches": batches_seen, "learning_rate": lr,
             "input_s": t_input, "compute_s": t_compute, "allreduce_s": t_comm, "wait_s": t_wait,
-            "first_step": first_step}
+            "idle_s": max(0.0, loop_s - t_input - t_compute - t_comm - t_wait), "loop_s": loop_s,
+            "fused": fused is not None, "first_step": first_step}
 
 
 def evaluate_stream(steps: Steps, batches: Iterator[tuple], metrics=()) -> tuple[float, int]:
@@ -252,8 +322,12 @@ def train_rank(spec: RankSpec) -> RankResult:
     tf.config.threading.set_intra_op_parallelism_threads(int(spec.threads))
     tf.config.threading.set_inter_op_parallelism_threads(strategy.inter_op_threads)
     import keras
+    launch = launch_instants(enter=t_enter, imported=time.time())
 
+    if spec.strategy == "horovod":
+        horovod_timeline_env(spec.trace_dir)
     rank, size = strategy.start()
+    launch["joined"] = time.time()
     if strategy.trains_itself:
         return strategy.train(t_enter, pinned)
     keras.utils.set_random_seed(int(spec.seed) + rank)
@@ -279,13 +353,21 @@ def train_rank(spec: RankSpec) -> RankResult:
     optimizer.build(model.trainable_variables)
     if resume and rank == 0:
         load_optimizer_state(optimizer, resume["optimizer_bytes"])
-    steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task)
+    train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
+    val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
+    # One rank has nothing to exchange: no reduction at all. A strategy whose reduction is a
+    # graph op has it inside the step's one tf.function.
+    alone = size == 1
+    reduce_in_graph = _identity if alone else strategy.graph_gradients if strategy.reduces_in_graph else None
+    steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task, metrics=train_metrics,
+                  reduce=reduce_in_graph)
+    flops = training_flops_per_sample(model)
+    trace = EpochTrace(spec.trace_dir, spec.trace_epoch, rank)
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
     # replicas start identical (and, synchronous, stay identical under averaged gradients).
     strategy.broadcast(list(model.variables) + list(optimizer.variables))
-    train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
-    val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
+    launch["model_ready"] = time.time()
 
     def after_update() -> bool:
         return strategy.after_update(model, update_no)
@@ -302,7 +384,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
     update_no = start_epoch * updates
-    seen_rows = []
+    seen_rows, profile = [], []
 
     def set_lr() -> float:
         nonlocal update_no
@@ -314,16 +396,24 @@ def train_rank(spec: RankSpec) -> RankResult:
     for epoch in range(start_epoch, epochs):
         t0 = time.time()
         bytes_before = strategy.bytes
+        trace.begin(epoch + 1)
+        clock = EpochClock()
         batches = Prefetch(feed.epoch(epoch, steps_n), depth=3, convert=_as_tensors)
         try:
-            done = run_epoch(steps, batches, updates=updates, accumulation=accum, allreduce=strategy.gradients,
-                             set_lr=set_lr, metrics=train_metrics, after_update=after_update,
+            done = run_epoch(steps, batches, updates=updates, accumulation=accum,
+                             allreduce=_identity if alone else strategy.gradients,
+                             set_lr=set_lr, after_update=after_update,
                              wait=strategy.wait if spec.measure_wait else None)
+            if done["fused"] and not alone:
+                strategy.count(updates)
             t_sync = time.perf_counter()
             strategy.end_epoch(model)
             done["allreduce_s"] += time.perf_counter() - t_sync
         finally:
             batches.close()
+        epoch_profile = clock.profile(done, flops)
+        trace.end()
+        profile.append({"epoch": epoch + 1, **epoch_profile})
         seen_rows.append(done["rows"])
         t_first_step = t_first_step or done["first_step"]
         seconds = time.time() - t0
@@ -332,7 +422,8 @@ def train_rank(spec: RankSpec) -> RankResult:
                   "samples_per_s": round(strategy.average(done["rows"]) * size / seconds, 1),
                   "input_s": round(done["input_s"], 3), "compute_s": round(done["compute_s"], 3),
                   "allreduce_s": round(done["allreduce_s"], 3), "wait_s": round(done["wait_s"], 3),
-                  "comm_bytes": strategy.bytes - bytes_before}
+                  "idle_s": epoch_profile["idle_s"], "cpu_percent": epoch_profile["cpu_percent"],
+                  "gflop_s": epoch_profile["gflop_s"], "comm_bytes": strategy.bytes - bytes_before}
         for m in train_metrics:
             record[m.name] = strategy.average(m.result())
         if val_feed is not None:
@@ -351,12 +442,14 @@ def train_rank(spec: RankSpec) -> RankResult:
             left = (epochs - epoch - 1) * seconds
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
                              if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
-                                          "input_s", "compute_s", "allreduce_s", "wait_s", "comm_bytes"))
+                                          "input_s", "compute_s", "allreduce_s", "wait_s", "comm_bytes",
+                                          "idle_s", "cpu_percent", "gflop_s"))
             log.info(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
                      f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
                      f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
                      + (f"wait={done['wait_s']:.1f}s " if spec.measure_wait else "") +
-                     f"({seconds:.1f}s, ~{left:.0f}s left)")
+                     f"idle={epoch_profile['idle_s']:.1f}s cpu={epoch_profile['cpu_percent']:.0f}% "
+                     f"{epoch_profile['gflop_s']:.1f} GFLOP/s ({seconds:.1f}s, ~{left:.0f}s left)")
             if spec.checkpoint_dir:
                 t_ck = time.time()
                 send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
@@ -385,6 +478,7 @@ def train_rank(spec: RankSpec) -> RankResult:
         horovod_imported="horovod" in sys.modules, weights_digest=weights_digest(model), code_path=_code_root(),
         os_threads=_os_threads(),
         timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
-                            checkpoints=round(checkpoint_s, 3)),
+                            checkpoints=round(checkpoint_s, 3), launch=launch),
+        profile=profile, flops_per_sample=flops,
         history=history if chief else None, model_bytes=keras_to_bytes(model) if chief else None)
 

@@ -6,7 +6,10 @@ nothing of Horovod or TensorFlow's collectives: it asks its :class:`RankStrategy
 - :meth:`~RankStrategy.start` (join the other ranks; gives this rank and the number of ranks),
 - :meth:`~RankStrategy.broadcast` rank 0's variables into every replica once,
 - reduce each update's gradients (:meth:`~RankStrategy.gradients`: an all-reduce, or
-  nothing for local SGD), optionally after a timed :meth:`~RankStrategy.wait` for the others,
+  nothing for local SGD), optionally after a timed :meth:`~RankStrategy.wait` for the others;
+  a strategy whose reduction is a graph op (:attr:`~RankStrategy.reduces_in_graph`) has it
+  traced into the step's one ``tf.function`` instead (:meth:`~RankStrategy.graph_gradients`,
+  counted with :meth:`~RankStrategy.count`),
 - act after each update (:meth:`~RankStrategy.after_update`: local SGD averages the
   weights every K updates) and at the end of each epoch (:meth:`~RankStrategy.end_epoch`),
 - :meth:`~RankStrategy.average` and :meth:`~RankStrategy.sum` the epoch's figures.
@@ -46,6 +49,27 @@ def make(strategy: str, spec) -> "RankStrategy":
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(spec)
 
 
+def dense_gradients(grads: list) -> list:
+    """Each embedding gradient (``tf.IndexedSlices``: one row per looked-up index, so a
+    batch's rows x width values plus their indices) as the dense tensor of its table when
+    that holds fewer numbers, which it does for the small tables of a tabular network.
+    Reduced sparse, Horovod would all-gather values and indices (two more collectives per
+    update, sizes exchanged first); dense, the table joins the one grouped all-reduce."""
+    import tensorflow as tf
+    out = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            dense = 1
+            for d in g.dense_shape if isinstance(g.dense_shape, (tuple, list)) else tf.get_static_value(g.dense_shape):
+                dense *= int(d)
+            rows = g.values.shape[0]
+            sparse = None if rows is None else int(rows) * (g.values.shape[1:].num_elements() + 1)
+            if sparse is None or dense <= sparse:
+                g = tf.convert_to_tensor(g)
+        out.append(g)
+    return out
+
+
 def payload_bytes(tensors) -> int:
     """Bytes of ``tensors`` as they are handed to a collective (their own dtype)."""
     total = 0
@@ -64,6 +88,7 @@ class RankStrategy:
 
     name = ""
     trains_itself = False  # True: :meth:`train` runs the whole rank (a coordinator drives the workers)
+    reduces_in_graph = False  # True: :meth:`graph_gradients` may be traced into the step's tf.function
     inter_op_threads = 1
 
     def __init__(self, spec):
@@ -90,6 +115,17 @@ class RankStrategy:
     def gradients(self, grads: list) -> list:
         """This update's gradients as the optimizer should apply them."""
         raise NotImplementedError
+
+    def graph_gradients(self, grads: list) -> list:
+        """:meth:`gradients` as graph ops, for a strategy that :attr:`reduces_in_graph`: it is
+        traced once into the step's ``tf.function``, so it counts nothing itself; the loop
+        calls :meth:`count` with the updates it ran."""
+        raise NotImplementedError
+
+    def count(self, updates: int) -> None:
+        """Add ``updates`` in-graph reductions to :attr:`calls` and :attr:`bytes`."""
+        self.calls += updates
+        self.bytes += updates * getattr(self, "update_bytes", 0)
 
     def after_update(self, model, update_no: int) -> bool:
         """After the optimizer applied update ``update_no`` (1-based, counted over the run);
