@@ -14,7 +14,8 @@ over the epochs after the first (which carries the first trace):
   time / in-loop training time (target <= 1.3).
 
 ``--before REV`` first runs the same measurements with the code of git revision ``REV``
-(a worktree in a temporary folder, put first on the path of the driver and of the ranks),
+(a worktree in a temporary folder, put first on the path of the driver and of the ranks,
+and the folder they start in),
 so before and after are measured in one invocation on the same machine state.
 
     .venv/bin/python bench/communication_bench.py [--before 5191206] [--output-dir output]
@@ -100,7 +101,7 @@ def measure(a) -> dict:
     from sparkdeep.transformers.keras.network import resolve_builder
     from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
 
-    cfg = load_config(os.path.join(REPO, "conf"), env="local")
+    cfg = load_config(a.conf or os.path.join(REPO, "conf"), env="local")
     p = paths_mod.Paths.under(a.output_dir)
     with open(os.path.join(a.output_dir, "models", "latest.json")) as fh:
         latest = json.load(fh)
@@ -141,6 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--before", default="", help="a git revision measured first with the same settings")
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--conf", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "communication.json"))
     a = parser.parse_args(argv)
     if a.json:  # a child run (the code on its path is the revision's): figures to a file
@@ -155,8 +157,12 @@ def main(argv=None) -> int:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join([shim, os.environ.get("PYTHONPATH", "")])}
                 child = os.path.join(tmp, "before.json")
                 subprocess.run([sys.executable, os.path.abspath(__file__), "--json", child, "--label", "before",
-                                "--output-dir", a.output_dir, "--epochs", str(a.epochs), "--factor", str(a.factor),
-                                "--big-fraction", str(a.big_fraction)], env=env, check=True)
+                                "--conf", os.path.join(tmp, "tree", "conf"),
+                                "--output-dir", os.path.abspath(a.output_dir), "--epochs", str(a.epochs),
+                                "--factor", str(a.factor), "--big-fraction", str(a.big_fraction)],
+                               # the ranks start with `python -m` in the task's folder: the shim's, so
+                               # its sparkdeep comes first there too
+                               env=env, check=True, cwd=shim)
                 with open(child) as fh:
                     results["before"] = {"revision": a.before, **json.load(fh)}
             finally:

@@ -7,7 +7,9 @@ repartitioned ``data``, or a barrier RDD when there is none). Each task:
    task's local disk (a ``spill`` object decides the format: :class:`ShardSpill` for
    training), so no copy of the data passes through a folder every executor must see;
 2. learns every task's row counts, host (and, for TensorFlow, a free port) with one
-   ``allGather`` (nothing is read twice); task 0 sends the host plan to the driver;
+   ``join`` round trip to the driver's channel (nothing is read twice; no Spark barrier
+   call, each of which polls once a second); task 0's join carries the host plan, which
+   the rendezvous holds before any task gets its answer;
 3. starts the rank as a child process (``python -m sparkdeep._rank_process``) with
    ``SPARKDEEP_RANK``/``SPARKDEEP_SIZE`` (rank = partition id), the variables of its
    ``backend``, the Spark-assigned GPUs, and the shipped code on its path; the child dies
@@ -80,17 +82,22 @@ class _Channel:
     """The driver's listener for the ranks and their tasks: one text line per message,
     ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``done`` (the rank's
     process ended), ``fail`` (rest: the error), ``log`` (rest: a line of the rank's output,
-    printed on the driver), ``plan`` (rest: the host plan as JSON; answered ``ok`` once the
-    rendezvous holds it) or ``put`` (rest: ``<length> <name>``, then that many bytes: a file
+    printed on the driver), ``join`` (rest: what a task tells every other as JSON; answered,
+    once all ``size`` tasks have joined and the rendezvous holds task 0's host plan, with
+    ``ok`` and every task's JSON in rank order: Spark's ``allGather`` and ``barrier`` would do
+    the same, but each polls once a second, which cost 2 s per launch) or ``put`` (rest:
+    ``<length> <name>``, then that many bytes: a file
     for the driver to store, see :func:`put`; answered ``ok`` once stored, else ``error
     <why>``). Lines without the run's random token are ignored."""
 
     def __init__(self, host: str, on_plan: Callable[[list], None], out,
-                 on_put: Callable[[int, str, bytes], None] | None = None):
+                 on_put: Callable[[int, str, bytes], None] | None = None, size: int = 0):
         import secrets
         import socketserver
 
         self.token = secrets.token_hex(8)
+        self.size, self._joined, self._planned, self._closed = size, {}, False, False
+        self._join = threading.Condition()
         self.beats: dict = {}
         self.finished: set = set()
         self.failures: list = []
@@ -145,9 +152,8 @@ class _Channel:
                             reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
                         self.wfile.write(reply)
                         self.wfile.flush()
-                    elif kind == "plan":
-                        on_plan(json.loads(rest))
-                        self.wfile.write(b"ok\n")
+                    elif kind == "join":
+                        self.wfile.write(channel.join(rank, json.loads(rest), on_plan).encode() + b"\n")
                         self.wfile.flush()
 
         class Server(socketserver.ThreadingTCPServer):
@@ -158,9 +164,40 @@ class _Channel:
         self.address = f"{host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, name="sparkdeep-rank-channel", daemon=True).start()
 
+    def join(self, rank: int, info: dict, on_plan: Callable[[list], None]) -> str:
+        """Task ``rank``'s join: wait for every task's, hand task 0's host plan to the
+        rendezvous once, then answer with every task's ``info`` in rank order."""
+        with self._join:
+            self._joined[rank] = info
+            self._join.notify_all()
+            self._join.wait_for(lambda: len(self._joined) >= self.size or self._closed)
+            if self._closed:
+                return "error the launch ended before every task joined"
+            if not self._planned:
+                on_plan(self._joined[0]["plan"])
+                self._planned = True
+            return "ok " + json.dumps([self._joined[r] for r in range(self.size)])
+
     def close(self) -> None:
+        with self._join:
+            self._closed = True
+            self._join.notify_all()
         self._server.shutdown()
         self._server.server_close()
+
+
+def join(setting: str, rank: int, info: dict) -> list:
+    """From a task: tell the driver ``info`` and get every task's, in rank order (no
+    timeout: a task that never joins fails its stage, which kills this one)."""
+    import socket
+    address, line = _address_and_line(setting, "join", rank, json.dumps(info))
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(line)
+        conn.settimeout(None)
+        reply = conn.makefile("rb").readline().decode("utf-8", "replace")
+    if not reply.startswith("ok "):
+        raise RuntimeError(f"rank {rank}: the driver did not answer its join (reply {reply!r})")
+    return json.loads(reply[3:])
 
 
 def _address_and_line(setting: str, kind: str, rank, text: str) -> tuple[tuple[str, int], bytes]:
@@ -429,7 +466,10 @@ def _rank_task(batches, conf: dict, payload: bytes):
             raise
         hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
         wanted = {"tensorflow": 1, "tensorflow_ps": 2}.get(conf["backend"], 0)  # worker (and ps) servers
-        shared = [json.loads(g) for g in ctx.allGather(json.dumps({"counts": counts, "ports": _free_ports(wanted)}))]
+        plan = host_plan(hosts)
+        # Every task's counts and ports; the rendezvous holds the plan once this returns.
+        shared = join(setting, rank, {"counts": counts, "ports": _free_ports(wanted),
+                                      "plan": plan if rank == 0 else None})
         gathered, ports = [g["counts"] for g in shared], [g["ports"] for g in shared]
         with open(os.path.join(data, "ranks.json"), "w") as fh:
             json.dump({"counts": gathered, "hosts": hosts}, fh)
@@ -442,10 +482,6 @@ def _rank_task(batches, conf: dict, payload: bytes):
             raise RuntimeError(f"Training rank {rank} failed: {problems[rank]}")
         if any(problems):
             raise RuntimeError(f"rank {rank} not started: {next(p for p in problems if p)}")
-        plan = host_plan(hosts)
-        if rank == 0:
-            send(setting, "plan", 0, json.dumps(plan), wait_reply=True)
-        ctx.barrier()  # the rendezvous holds the plan before any rank connects
         env = {**os.environ, **conf["env"], **backend_env(conf["backend"], conf, plan, ports, rank),
                RANK_ENV: str(rank), SIZE_ENV: str(len(plan)), TIMEOUT_ENV: f"{conf['collective_timeout']:g}",
                RANK_DATA_ENV: data, _BEAT_ENV: setting, "PYTHONUNBUFFERED": "1",
@@ -540,7 +576,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     out = stdout  # None: the ranks' lines go to this module's logger
     rendezvous, on_plan = _rendezvous(backend)
-    channel = _Channel(host, on_plan, out, on_put)
+    channel = _Channel(host, on_plan, out, on_put, size=num_proc)
     port = rendezvous.start() if rendezvous is not None else 0
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
     # Ranks start from the executor's environment; forward the driver's settings that
