@@ -16,7 +16,7 @@ _STARTED = time.time()  # before any import of ours: the interpreter's own start
 
 
 def main(work: str) -> int:
-    from sparkdeep.distributed import _BEAT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send
+    from sparkdeep.distributed import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send
 
     os.environ[PROCESS_START_ENV] = repr(_STARTED)
     rank = os.environ.get(RANK_ENV, "?")
@@ -46,6 +46,11 @@ def main(work: str) -> int:
         fh.write(data)
     os.replace(os.path.join(work, "result.pkl.tmp"), os.path.join(work, "result.pkl"))
     sys.stdout.flush()
+    sys.stderr.flush()
+    if os.environ.get(FAST_EXIT_ENV) == "1":
+        # The rank's backend has shut down with its peers (the strategy said so): nothing left
+        # for the interpreter's teardown of TensorFlow to do but spend 1-2 s (measured).
+        os._exit(0)
     return 0
 
 

@@ -64,6 +64,9 @@ TIMEOUT_ENV = "SPARKDEEP_COLLECTIVE_TIMEOUT"  # seconds a collective may wait fo
 # process spawned (JSON); the rank process adds its own start (:data:`PROCESS_START_ENV`).
 LAUNCH_TIMES_ENV = "SPARKDEEP_LAUNCH_TIMES"
 PROCESS_START_ENV = "SPARKDEEP_PROCESS_START"
+# Set to "1" by a rank whose backend has shut down with its peers: its process may end
+# without the interpreter's teardown once its result is written.
+FAST_EXIT_ENV = "SPARKDEEP_FAST_EXIT"
 BACKENDS = ("horovod", "tensorflow", "tensorflow_ps")
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
 

@@ -49,3 +49,12 @@ class HorovodRing(RankStrategy):
     def average(self, value: float) -> float:
         import tensorflow as tf
         return float(self.hvd.allreduce(tf.constant(float(value)), op=self.hvd.Average, name=self._name("avg")))
+
+    def finish(self) -> None:
+        """Horovod's shutdown is collective (every rank's background thread agrees on it),
+        so after it no peer can be waiting on this rank: the process may end at once."""
+        import os
+
+        from sparkdeep.distributed import FAST_EXIT_ENV
+        self.hvd.shutdown()
+        os.environ[FAST_EXIT_ENV] = "1"

@@ -469,6 +469,8 @@ def train_rank(spec: RankSpec) -> RankResult:
         val_feed.close()
 
     chief = rank == 0
+    model_bytes = keras_to_bytes(model) if chief else None
+    strategy.finish()
     return RankResult(
         rank=rank, size=size, strategy=spec.strategy, rows=feed.rows,
         validation_rows=val_feed.rows if val_feed else 0, rows_per_epoch=plan.rows_per_epoch[rank],
@@ -480,5 +482,5 @@ def train_rank(spec: RankSpec) -> RankResult:
         timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
                             checkpoints=round(checkpoint_s, 3), launch=launch),
         profile=profile, flops_per_sample=flops,
-        history=history if chief else None, model_bytes=keras_to_bytes(model) if chief else None)
+        history=history if chief else None, model_bytes=model_bytes)
 

@@ -136,6 +136,11 @@ class RankStrategy:
         """At the end of an epoch, before validation and checkpoints; True if it communicated."""
         return False
 
+    def finish(self) -> None:
+        """After the rank's last collective: release the backend. A strategy whose ranks shut
+        down together (a collective shutdown) may let the rank process skip the interpreter's
+        teardown (:data:`sparkdeep.distributed.FAST_EXIT_ENV`)."""
+
     def average(self, value: float) -> float:
         return self.sum([float(value)])[0] / self.size
 
