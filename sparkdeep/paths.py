@@ -114,9 +114,10 @@ class Paths:
     def run_report(self, run_id: str, name: str, ext: str = "json") -> str:
         return storage.join(self.root, "runs", run_id, "reports", f"{name}.{ext}")
 
-    def trace_dir(self, run_id: str) -> str:
-        """The run's optional deep traces (TensorFlow profiler, Horovod timeline)."""
-        return storage.join(self.root, "runs", run_id, "reports", "trace")
+    def trace_dir(self, run_id: str | None) -> str:
+        """The run's optional deep traces (TensorFlow profiler, Horovod timeline); a step run
+        outside a run (no id) writes them under ``runs/_adhoc``."""
+        return storage.join(self.root, "runs", run_id or ADHOC, "reports", "trace")
 
     @property
     def checkpoints(self) -> str:

@@ -183,6 +183,49 @@ def test_regression_model_predicts_in_target_units_without_probabilities(spark):
     assert [r["prediction"] for r in out] == pytest.approx([99.0, 120.0])
 
 
+
+@pytest.mark.parametrize("make, task", [
+    (lambda: mlp_binary_classifier(3, hidden_units=(4,)), "binary"),
+    (lambda: mlp_classifier(3, 2, hidden_units=(4,)), "multiclass"),  # binary as two softmax units
+    (lambda: mlp_classifier(3, 4, hidden_units=(4,)), "multiclass"),
+    (lambda: mlp_regressor(3, hidden_units=(4,)), "regression"),
+], ids=["sigmoid", "softmax-2", "softmax-4", "regression"])
+def test_transform_outputs_match_the_network_with_mllib_types(spark, make, task):
+    """Issue 25 builds the outputs in Python (one Arrow struct): the columns and their types
+    stay MLlib's (a probability vector, a double prediction), every value the network's,
+    and a null or NaN row keeps null outputs with handleInvalid='keep'."""
+    import keras
+    from pyspark.ml.linalg import VectorUDT
+    keras.utils.set_random_seed(0)
+    net = make()
+    good = [[0.5, 1.0, -2.0], [0.0, 3.0, 1.5], [2.0, -1.0, 0.25], [-0.5, 0.0, 0.0]]
+    rows = [(x, float(i)) for i, x in enumerate(good)] + [(None, 10.0), ([float("nan"), 1.0, 0.0], 11.0)]
+    out = _model(net).setHandleInvalid("keep").transform(vec_frame(spark, rows).repartition(2))
+    types = {f.name: f.dataType for f in out.schema.fields}
+    assert isinstance(types["prediction"], T.DoubleType)
+    got = out.orderBy("label").collect()
+    p = np.asarray(net(np.array(good, dtype="float32"), training=False), dtype="float64")
+    if task == "regression":
+        assert "probability" not in types
+        np.testing.assert_allclose([r["prediction"] for r in got[:4]], p[:, 0], rtol=1e-5, atol=1e-6)
+    else:
+        assert isinstance(types["probability"], VectorUDT)
+        prob = np.array([r["probability"].toArray() for r in got[:4]])
+        expected = np.hstack([1 - p, p]) if p.shape[1] == 1 else p
+        np.testing.assert_allclose(prob, expected, rtol=1e-5, atol=1e-6)
+        assert [r["prediction"] for r in got[:4]] == np.argmax(expected, axis=1).astype(float).tolist()
+        assert all(r["probability"] is None for r in got[4:])
+    assert all(r["prediction"] is None for r in got[4:])
+
+
+def test_transform_leaves_out_empty_output_columns_and_refuses_a_multi_unit_regression(spark):
+    net = mlp_classifier(2, 3, hidden_units=(4,))
+    df = vec_frame(spark, [([0.5, 1.0], 0.0)])
+    assert _model(net).setProbabilityCol("").transform(df).columns == ["features", "label", "prediction"]
+    assert _model(net).setProbabilityCol("").setPredictionCol("").transform(df).columns == ["features", "label"]
+    with pytest.raises(ValueError, match="task 'regression' predicts one number per row: this network has 3"):
+        _model(net)._set(task="regression").transform(df)
+
 # -- 5. vectors of mixed lengths -------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -401,4 +401,6 @@ def test_a_model_saved_before_the_keras_package_split_loads_and_scores_the_same(
         if p is None:
             assert got[key] == [None, None], key
         else:
-            assert got[key][1] == pred and abs(got[key][0] - p) < 1e-7, (key, got[key], p)
+            # The network computes in float32: scoring through a traced tf.function (issue 25)
+            # fuses ops the eager call did not, a few float32 ulps (1.5e-7 at 0.4) apart.
+            assert got[key][1] == pred and abs(got[key][0] - p) < 1e-6, (key, got[key], p)
