@@ -10,7 +10,7 @@ over the epochs after the first (which carries the first trace):
 - the epoch's split, mean over ranks: input, compute, communication (all-reduce, including
   the wait for the other rank inside it), idle; communication's share of the epoch
   (target <= 10%);
-- the launch, part by part (``trainingSummary['timings_s']['launch']``) and ``fit`` wall
+- the launch, part by part (``trainingSummary['launch_s']``) and ``fit`` wall
   time / in-loop training time (target <= 1.3).
 
 ``--before REV`` first runs the same measurements with the code of git revision ``REV``
@@ -83,7 +83,7 @@ def one_fit(estimator, train, num_proc: int) -> dict:
             "gflop_s": round(mean(e.get("gflop_s", 0.0) for e in epochs), 2) if s.get("profile") else None,
             "allreduce_calls": s["ranks"][0]["allreduce_calls"], "allreduce_bytes": s["ranks"][0]["allreduce_bytes"],
             "launch_to_first_step_s": t["launch_to_first_step"], "training_s": t["training"],
-            "fit_over_training": round(t["fit_total"] / t["training"], 2), "launch_s": t.get("launch"),
+            "fit_over_training": round(t["fit_total"] / t["training"], 2), "launch_s": s.get("launch_s"),
             "teardown_s": t.get("teardown")}
 
 

@@ -163,9 +163,9 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
         log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
                  f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
                  f"fit total {timings['fit_total']:.1f}s")
-        if timings.get("launch"):
+        if summary.get("launch_s"):
             log.info("[train] launch to first step, part by part: " +
-                     ", ".join(f"{k} {v:.1f}s" for k, v in timings["launch"].items()) +
+                     ", ".join(f"{k} {v:.1f}s" for k, v in summary["launch_s"].items()) +
                      f"; after the last step {timings.get('teardown', 0):.1f}s")
     log.info("[train] baselines on every assembled feature of every training row, fit time: " +
              ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))

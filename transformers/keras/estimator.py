@@ -335,13 +335,13 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                 # Rank 0's time handing each epoch's checkpoint to the driver (inside "training").
                 "checkpoints": chief.timings.checkpoints,
                 "fit_total": round(t_done - t_launch, 3),
-                # Where the launch went, part by part (transformers/keras/profile.LAUNCH_PARTS), and
-                # after the last step: results and the model back to the driver, processes and stage ended.
-                "launch": launch_breakdown(t_launch, t_staged, [
-                    {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
-                    for r in results]),
+                # After the last step: results and the model back to the driver, processes and stage ended.
                 "teardown": round(t_done - max(r.timings.end for r in results), 3),
             },
+            # Where the launch went, part by part (transformers/keras/profile.LAUNCH_PARTS).
+            "launch_s": launch_breakdown(t_launch, t_staged, [
+                {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
+                for r in results]),
         }
         model = KerasHorovodModel(kerasBytes=chief.model_bytes, trainingSummary=summary)
         self._copyValues(model)
