@@ -17,3 +17,13 @@ def finish(path: str, results: dict, args) -> int:
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write(path, results)
     return 0
+
+
+def best_seconds(fn, repeat: int) -> float:
+    """The shortest wall time of ``repeat`` calls of ``fn`` in this process."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best

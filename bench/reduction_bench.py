@@ -21,13 +21,7 @@ import numpy as np
 import _results  # bench/_results.py (the script folder is on sys.path)
 
 
-def timed(fn, repeat):
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+timed = _results.best_seconds
 
 
 def pair(name, ours, baseline, repeat, results):

@@ -232,16 +232,6 @@ def measure(spark, variants, repeat):
     return seconds
 
 
-def best_seconds(fn, repeat):
-    """The shortest wall time of ``repeat`` calls of ``fn`` in this process."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def in_process_profile(net, x, repeat):
     """Here, TensorFlow and the network loaded: a full ``gc.collect()`` with the heap as it
     is and frozen; and one 10,000-row batch through each part of the transform's UDF body:
@@ -253,9 +243,9 @@ def in_process_profile(net, x, repeat):
 
     gc.collect()
     objects = len(gc.get_objects())
-    unfrozen = best_seconds(gc.collect, repeat)
+    unfrozen = _results.best_seconds(gc.collect, repeat)
     gc.freeze()
-    frozen = best_seconds(gc.collect, repeat)
+    frozen = _results.best_seconds(gc.collect, repeat)
     gc.unfreeze()
     batch, width = x[:BATCH], x.shape[1]
     col = pa.ListArray.from_arrays(pa.array(np.arange(0, BATCH * width + 1, width, dtype="int32")),
@@ -269,7 +259,7 @@ def in_process_profile(net, x, repeat):
           "traced_forward": lambda: forward(batch).numpy(),
           "outputs_struct": lambda: scoring._output(p, None, spec)}
     return {"gc_objects": objects, "gc_collect_s": round(unfrozen, 4), "gc_collect_frozen_s": round(frozen, 4),
-            "batch_ms": {k: round(best_seconds(fn, repeat * 3) * 1e3, 2) for k, fn in ms.items()}}
+            "batch_ms": {k: round(_results.best_seconds(fn, repeat * 3) * 1e3, 2) for k, fn in ms.items()}}
 
 
 def main(argv=None):
@@ -333,7 +323,7 @@ def main(argv=None):
     table = df.select(float_arrays(df.schema, "features").alias("x")).toArrow()
     x = table.column("x").combine_chunks().flatten().to_numpy().reshape(-1, args.features)
     net.predict(x[:BATCH], batch_size=BATCH, verbose=0)
-    seconds["predict"] = best_seconds(lambda: net.predict(x, batch_size=BATCH, verbose=0), args.repeat)
+    seconds["predict"] = _results.best_seconds(lambda: net.predict(x, batch_size=BATCH, verbose=0), args.repeat)
     profile = in_process_profile(net, x, args.repeat)
     rate = {k: n / s for k, s in seconds.items()}
     median = {k: n / float(np.median(v)) for k, v in rounds.items()}
