@@ -184,6 +184,8 @@ class Steps:
 
         self.local_gradients, self.apply, self.predict = local_gradients, apply, predict
         self.fused = None
+        # One rank reduces with the identity: the time between its stamps is not communication.
+        self.exchanges = reduce is not None and reduce is not _identity
         if reduce is not None:
             @tf.function(reduce_retracing=True)
             def fused(xb, yb, wb):
@@ -233,8 +235,11 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
             lr = set_lr()
             loss, stamps = fused(xb, yb, wb)
             t0, t1, t2, t3 = (float(t) for t in stamps.numpy())
-            t_compute += (t1 - t0) + (t3 - t2)
-            t_comm += t2 - t1
+            if steps.exchanges:
+                t_compute += (t1 - t0) + (t3 - t2)
+                t_comm += t2 - t1
+            else:
+                t_compute += t3 - t0
             total += float(loss)
             rows += len(yb)
             batches_seen += 1
@@ -269,8 +274,11 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
         lr = set_lr()
         steps.apply(reduced)
         te = time.perf_counter()
-        t_comm += td - tc
-        t_compute += te - td
+        if allreduce is _identity:  # nothing exchanged (one rank, or a test)
+            t_compute += te - tc
+        else:
+            t_comm += td - tc
+            t_compute += te - td
         if after_update is not None:
             after_update()
             t_comm += time.perf_counter() - te
@@ -402,13 +410,13 @@ def train_rank(spec: RankSpec) -> RankResult:
         try:
             done = run_epoch(steps, batches, updates=updates, accumulation=accum,
                              allreduce=_identity if alone else strategy.gradients,
-                             set_lr=set_lr, after_update=after_update,
+                             set_lr=set_lr, after_update=None if alone else after_update,
                              wait=strategy.wait if spec.measure_wait else None)
             if done["fused"] and not alone:
                 strategy.count(updates)
             t_sync = time.perf_counter()
-            strategy.end_epoch(model)
-            done["allreduce_s"] += time.perf_counter() - t_sync
+            if strategy.end_epoch(model) and not alone:
+                done["allreduce_s"] += time.perf_counter() - t_sync
         finally:
             batches.close()
         epoch_profile = clock.profile(done, flops)
