@@ -5,8 +5,10 @@ Spark), fit + transform + a count to force the work; each pair is timed best-of-
 the two orders alternated so neither gets a warmer cache. Run:
 
     .venv/bin/python bench/reduction_bench.py [--rows 1000000] [--features 100] [--repeat 2]
+    .venv/bin/python bench/reduction_bench.py --only samplers [--repeat 5]
 
-Writes bench/results/reduction.json and prints a table.
+Writes bench/results/reduction.json (``--only samplers``: reduction-samplers.json, the three
+sampler pairs, the same with ``keyCols=["id"]``, and where their time goes) and prints a table.
 """
 from __future__ import annotations
 
@@ -21,17 +23,40 @@ import numpy as np
 import _results  # bench/_results.py (the script folder is on sys.path)
 
 
-timed = _results.best_seconds
+def timed(fn, repeat):
+    """Best wall seconds and best CPU seconds of the Spark JVM (driver and executors, in local
+    mode) over ``repeat`` runs. The CPU time holds while another job shares the cores; the
+    wall time of a long run does not (it is the likelier to be slowed)."""
+    wall, cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        c0, t0 = jvm_cpu_seconds(), time.perf_counter()
+        fn()
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, jvm_cpu_seconds() - c0)
+    return wall, cpu
+
+
+def jvm_cpu_seconds() -> float:
+    """User + system CPU seconds of the Spark JVM so far (Linux /proc; 0 elsewhere)."""
+    from pyspark import SparkContext
+    pid = SparkContext._active_spark_context._jvm.java.lang.ProcessHandle.current().pid()
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pair(name, ours, baseline, repeat, results):
-    a = timed(ours, repeat)
-    b = timed(baseline, repeat)
+    a, a_cpu = timed(ours, repeat)
+    b, b_cpu = timed(baseline, repeat)
     # Second round in the other order, keep the best of each.
-    b = min(b, timed(baseline, 1))
-    a = min(a, timed(ours, 1))
-    results.append({"stage": name, "ours_s": round(a, 3), "mllib_s": round(b, 3), "ratio": round(a / b, 3)})
-    print(f"{name:38s} ours {a:8.2f}s  mllib {b:8.2f}s  ratio {a / b:5.2f}", flush=True)
+    b, b_cpu = (min(x, y) for x, y in zip((b, b_cpu), timed(baseline, 1)))
+    a, a_cpu = (min(x, y) for x, y in zip((a, a_cpu), timed(ours, 1)))
+    results.append({"stage": name, "ours_s": round(a, 3), "mllib_s": round(b, 3), "ratio": round(a / b, 3),
+                    "ours_cpu_s": round(a_cpu, 3), "mllib_cpu_s": round(b_cpu, 3),
+                    "cpu_ratio": round(a_cpu / b_cpu, 3) if b_cpu else None})
+    print(f"{name:52s} ours {a:6.2f}s  mllib {b:6.2f}s  ratio {a / b:5.2f}  (JVM CPU {a_cpu:5.2f}s / "
+          f"{b_cpu:5.2f}s)", flush=True)
 
 
 def generate(spark, rows, features, seed=1, partitions=4):
@@ -56,8 +81,12 @@ def main(argv=None):
                    help="random forests are slow on 2 cores: their pair runs on a sample")
     p.add_argument("--pca-wide-rows", type=int, default=200_000)
     p.add_argument("--pca-wide-features", type=int, default=1000)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "reduction.json"))
+    p.add_argument("--only", choices=["all", "samplers"], default="all")
+    p.add_argument("--out", default=None,
+                   help="default: bench/results/reduction.json (reduction-samplers.json with --only samplers)")
     args = p.parse_args(argv)
+    name = {"all": "reduction.json", "samplers": "reduction-samplers.json"}[args.only]
+    out_path = args.out or os.path.join(os.path.dirname(__file__), "results", name)
 
     from pyspark.ml.feature import PCA, UnivariateFeatureSelector, VarianceThresholdSelector, VectorSlicer
     from pyspark.ml.classification import RandomForestClassifier
@@ -66,7 +95,6 @@ def main(argv=None):
     from sparkdeep.config import SparkConfig
     from sparkdeep.session import builder
     from sparkdeep.transformers.pca import CenteredPCA
-    from sparkdeep.transformers.sampling import ClassBalanceSampler, StratifiedSampler, UniformSampler
     from sparkdeep.transformers.selection import (CorrelationSelector, ModelImportanceSelector,
                                                   UnivariateSelector, VarianceSelector)
 
@@ -81,19 +109,15 @@ def main(argv=None):
     r = args.repeat
     results: list = []
 
-    pair("UniformSampler(fraction) vs df.sample",
-         lambda: UniformSampler(fraction=0.3).fit(df).sample(df).count(),
-         lambda: df.sample(fraction=0.3, seed=1).count(), r, results)
-    fr = {str(s): 0.3 for s in range(7)}
-    pair("StratifiedSampler(exact) vs sampleBy",
-         lambda: StratifiedSampler(stratumCol="stratum", fractions=fr).fit(df).sample(df).count(),
-         lambda: df.sampleBy("stratum", {s: 0.3 for s in range(7)}, seed=1).count(), r, results)
-    counts = {row[0]: row[1] for row in df.groupBy("label").count().collect()}
-    minority = min(counts.values())
-    frac = {k: min(1.0, minority / v) for k, v in counts.items()}
-    pair("ClassBalanceSampler(exact) vs sampleBy",
-         lambda: ClassBalanceSampler(labelCol="label").fit(df).sample(df).count(),
-         lambda: df.sampleBy("label", frac, seed=1).count(), r, results)
+    samplers = sampler_pairs(df, r, results, key_cols=[])
+    if args.only == "samplers":
+        sampler_pairs(df, r, results, key_cols=["id"])
+        out = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "master": "local[2]"},
+               "rows": n, "features": args.features, "stages": results, "profile": sampler_profile(df, samplers, r),
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _results.write(out_path, out)
+        spark.stop()
+        return 0
     pair("VarianceSelector vs VarianceThresholdSelector",
          lambda: VarianceSelector(varianceThreshold=0.5).fit(df).transform(df).count(),
          lambda: VarianceThresholdSelector(featuresCol="features", outputCol="selected", varianceThreshold=0.5)
@@ -128,9 +152,53 @@ def main(argv=None):
     out = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "master": "local[2]"},
            "rows": n, "features": args.features, "stages": results, "pca_vs_numpy": pca_vs_numpy,
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _results.write(args.out, out)
+    _results.write(out_path, out)
     spark.stop()
     return 0
+
+
+def sampler_pairs(df, repeat, results, key_cols):
+    """The three samplers against ``df.sample``/``sampleBy``; returns the exact two, unfitted."""
+    from sparkdeep.transformers.sampling import ClassBalanceSampler, StratifiedSampler, UniformSampler
+    keyed = f", keyCols={key_cols}" if key_cols else ""
+    pair(f"UniformSampler(fraction{keyed}) vs df.sample",
+         lambda: UniformSampler(fraction=0.3, keyCols=key_cols).fit(df).sample(df).count(),
+         lambda: df.sample(fraction=0.3, seed=1).count(), repeat, results)
+    stratified = StratifiedSampler(stratumCol="stratum", fractions={str(s): 0.3 for s in range(7)}, keyCols=key_cols)
+    pair(f"StratifiedSampler(exact{keyed}) vs sampleBy",
+         lambda: stratified.fit(df).sample(df).count(),
+         lambda: df.sampleBy("stratum", {s: 0.3 for s in range(7)}, seed=1).count(), repeat, results)
+    counts = {row[0]: row[1] for row in df.groupBy("label").count().collect()}
+    minority = min(counts.values())
+    frac = {k: min(1.0, minority / v) for k, v in counts.items()}
+    balanced = ClassBalanceSampler(labelCol="label", keyCols=key_cols)
+    pair(f"ClassBalanceSampler(exact{keyed}) vs sampleBy",
+         lambda: balanced.fit(df).sample(df).count(),
+         lambda: df.sampleBy("label", frac, seed=1).count(), repeat, results)
+    return {"StratifiedSampler": stratified, "ClassBalanceSampler": balanced}
+
+
+def sampler_profile(df, samplers, repeat):
+    """Where an exact sampler's time goes: its fit and its sample apart, against the floors
+    (a count of the cached table; one filter on a hash of every column, which is what
+    sampling costs; the same hash on the id alone), each as :func:`timed` gives it."""
+    from pyspark.sql import functions as F
+
+    from sparkdeep.transformers.sampling import hash_uniform, row_hash
+    every = row_hash(df.columns, 42, df.schema)
+    steps = {"count": lambda: df.count(),
+             "filter on xxhash64(every column)": lambda: df.where(hash_uniform(every) < 0.3).count(),
+             "filter on xxhash64(id)": lambda: df.where(hash_uniform(F.xxhash64("id")) < 0.3).count()}
+    for name, sampler in samplers.items():
+        model = sampler.fit(df)
+        steps[f"{name} fit"] = lambda sampler=sampler: sampler.fit(df)
+        steps[f"{name} sample + count"] = lambda model=model: model.sample(df).count()
+    profile = {}
+    for name, fn in steps.items():
+        wall, cpu = timed(fn, repeat)
+        profile[name] = {"wall_s": round(wall, 3), "jvm_cpu_s": round(cpu, 3)}
+        print(f"{name:52s} wall {wall:6.2f}s  JVM CPU {cpu:6.2f}s", flush=True)
+    return profile
 
 
 def pca_against_numpy(spark, df, label):
@@ -138,7 +206,7 @@ def pca_against_numpy(spark, df, label):
     from pyspark.ml.functions import vector_to_array
 
     from sparkdeep.transformers.pca import CenteredPCA
-    t_spark = timed(lambda: CenteredPCA(inputCol="features", outputCol="pcs", k=10).fit(df), 1)
+    t_spark, _ = timed(lambda: CenteredPCA(inputCol="features", outputCol="pcs", k=10).fit(df), 1)
     t0 = time.perf_counter()
     pdf = df.select(vector_to_array("features").alias("x")).toPandas()
     x = np.stack(pdf["x"].to_numpy())

@@ -16,9 +16,9 @@ The hash covers every column (``keyCols`` narrows it to columns that identify a 
 vectors by their values (a sparse and a dense vector with the same values hash alike),
 arrays, structs and maps (by their sorted entries) recursively; a column of another
 user-defined type is refused with its name. Exact counts come from per-stratum hash
-thresholds: a histogram of hash buckets per stratum (one pass) finds the bucket holding
-the n-th row, and the hashes in that one bucket (a second, tiny pass) give the exact
-threshold.
+thresholds, which a fit finds with one pass over the hashes (see :func:`exact_thresholds`);
+sampling is a second. Hashing is what they cost: the 100 values of a vector take far longer
+to hash than the scan of a cached table (``keyCols`` naming an id column avoids it).
 
 Exact duplicate rows hash alike. Counts stay exact all the same: where the n-th row's
 hash is shared by more rows than are still needed, the sample takes just the number
@@ -62,7 +62,9 @@ def hashable(col: Column, dtype: T.DataType, name: str) -> Column:
     from pyspark.ml.linalg import VectorUDT
 
     if isinstance(dtype, VectorUDT):
-        return F.when(col.isNotNull(), vector_to_array(col))  # vector_to_array fails on null
+        converted = F.when(col.isNotNull(), vector_to_array(col))  # vector_to_array fails on null
+        stored = _stored_vector(col)
+        return converted if stored is None else F.when(stored["type"] == 1, stored["values"]).otherwise(converted)
     if isinstance(dtype, T.UserDefinedType):
         raise TypeError(f"column {name!r} of type {dtype.simpleString()} cannot be hashed to sample rows; "
                         "set keyCols to the columns that identify a row")
@@ -76,6 +78,27 @@ def hashable(col: Column, dtype: T.DataType, name: str) -> Column:
         return F.struct(*[hashable(col.getField(f.name), f.dataType, f"{name}.{f.name}").alias(f.name)
                           for f in dtype.fields])
     return col
+
+
+def _stored_vector(col: Column) -> Column | None:
+    """A vector column as Spark stores it (``struct<type, size, indices, values>``, type 1
+    for dense), or None where this Spark does not say (Spark Connect, a renamed internal).
+
+    Why: ``vector_to_array`` is a Scala UDF that builds a vector object per row and boxes
+    each value: measured on 1M x 100, 0.3 of the 1.1 CPU-seconds of a pass that hashes
+    every column. A dense vector's stored values are the very array
+    ``vector_to_array`` returns, so :func:`hashable` reads them in place and converts only
+    sparse vectors: the hash is the same either way.
+    """
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql.classic.column import Column as ClassicColumn
+        jvm = SparkContext._active_spark_context._jvm
+        utils = getattr(jvm, "org.apache.spark.sql.classic.ExpressionUtils")
+        unwrapped = jvm.org.apache.spark.sql.catalyst.expressions.UnwrapUDT(utils.expression(col._jc))
+        return ClassicColumn(utils.column(unwrapped))
+    except Exception:  # py4j raises its own errors, or TypeError on a class it does not find
+        return None
 
 
 def _needs_conversion(dtype: T.DataType) -> bool:
@@ -108,59 +131,125 @@ def hash_columns(schema: T.StructType, key_cols: list[str]) -> list[str]:
     return cols
 
 
-def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tuple[dict, dict]:
+_MIN_HASH, _MAX_HASH = -(1 << 63), (1 << 63) - 1
+# The first pass over the hashes only looks at a window this many standard deviations either
+# side of where the stratum's target-th hash is expected (hashes are uniform): a miss is
+# about as likely as a 7-sigma event, and costs further passes, never a wrong count.
+_WINDOW_SIGMAS = 7.0
+# A pass reads every hash of a range exactly when it expects at most this many rows there,
+# else counts them in at most 2**_BUCKET_BITS buckets and narrows the range to one bucket.
+_EXACT_ROWS = 1 << 16
+_BUCKET_BITS = 12
+# The window, then 64 bits narrowed 12 at a time: more passes mean the input changed.
+_MAX_PASSES = 2 + math.ceil(64 / _BUCKET_BITS)
+
+
+def exact_thresholds(df: DataFrame, h: Column, stratum: Column, targets) -> tuple[dict, dict, dict]:
     """Per stratum, the hash ``t`` of the target-th row in hash order, and how many rows of
     hash ``t`` to take.
 
     ``targets`` is a dict stratum -> rows wanted, or a function of the stratum sizes
-    returning one (so the sizes come from the same pass). 0 keeps none; a target at or
-    above the stratum's size keeps all. Two passes: bucket counts per stratum, then the
-    hashes of each boundary bucket only. Returns (stratum -> threshold or None, sizes,
-    ties), where ``ties[key(s)] = k`` means: rows with ``h < t`` plus exactly ``k`` of the
-    (identical, duplicate) rows with ``h == t``; strata without an entry keep ``h <= t``.
+    returning one. 0 keeps none; a target at or above the stratum's size keeps all.
+    Returns (stratum -> threshold or None, sizes, ties), where ``ties[key(s)] = k`` means:
+    rows with ``h < t`` plus exactly ``k`` of the (identical, duplicate) rows with
+    ``h == t``; strata without an entry keep ``h <= t``.
+
+    Two Spark queries in the usual case. The stratum sizes first: a count that reads only the
+    stratum column, not the (possibly wide) hashed columns. Then one pass over the hashes:
+    as they are uniform, the target-th of ``n`` lies within a few ``sqrt(n)`` rows of
+    ``target/n`` of the hash range, so the pass counts the rows below that window and
+    returns the hashes inside it (grouped, so duplicates come back as one hash and a count),
+    a few thousand per stratum. Where the target-th row is not in the window (heavy
+    duplicates, a tiny stratum), further passes narrow the range down to it.
     """
-    n_strata = max(1, len(targets)) if isinstance(targets, dict) else 64
-    bits = max(4, min(16, 20 - math.ceil(math.log2(n_strata))))
-    shift = 64 - bits
-    keyed = df.select(stratum.alias("s"), h.alias("h")).withColumn("b", F.shiftright("h", shift))
-    hist: dict = {}
-    for r in keyed.groupBy("s", "b").count().collect():
-        hist.setdefault(canonical(r["s"]), []).append((r["b"], r["count"]))
-    sizes = {s: sum(c for _, c in buckets) for s, buckets in hist.items()}
+    sizes = {canonical(r["s"]): r["count"] for r in df.groupBy(stratum.alias("s")).count().collect()}
     if callable(targets):
         targets = targets(sizes)
-    out, boundary, ties = {}, {}, {}
+    out: dict = {}
+    ranges: dict = {}  # stratum -> (rows wanted, lowest and highest hash it can be)
     for s, want in targets.items():
-        buckets = sorted(hist.get(s, []))
         total = sizes.get(s, 0)
         if want <= 0:
             out[s] = None
+        elif want >= total:
+            out[s] = _MAX_HASH
+        else:
+            ranges[s] = (want, *_expected_window(want, total))
+    keyed = df.select(stratum.alias("s"), h.alias("h"))
+    ties: dict = {}
+    for _ in range(_MAX_PASSES):
+        if not ranges:
+            return out, sizes, ties
+        ranges = _narrow(keyed, ranges, sizes, out, ties)
+    raise _input_changed(ranges)
+
+
+def _expected_window(want: int, total: int) -> tuple[int, int]:
+    """The hashes between which the want-th smallest of ``total`` uniform hashes almost surely lies."""
+    p = want / total
+    half = _WINDOW_SIGMAS * math.sqrt(p * (1 - p) / total) + 1 / total
+    return _to_hash(p - half), _to_hash(p + half)
+
+
+def _to_hash(u: float) -> int:
+    """The signed 64-bit hash at position ``u`` of the range (0 its lowest, 1 its highest)."""
+    return max(_MIN_HASH, min(_MAX_HASH, _MIN_HASH + int(u * 2.0 ** 64)))
+
+
+def _narrow(keyed: DataFrame, ranges: dict, sizes: dict, out: dict, ties: dict) -> dict:
+    """One pass: per stratum, the rows below its range and the hashes (or buckets) in it.
+    Fills ``out``/``ties`` for the strata it settles; returns the narrower ranges of the rest."""
+    expected = max(sizes[s] * ((hi - lo + 1) / 2.0 ** 64) for s, (_, lo, hi) in ranges.items())
+    widest = max(hi - lo for _, lo, hi in ranges.values())
+    shift = 0 if expected <= _EXACT_ROWS else max(0, widest.bit_length() - _BUCKET_BITS)
+    s, h = F.col("s"), F.col("h")
+    lo, hi = (_by_stratum(s, {k: r[i] for k, r in ranges.items()}) for i in (1, 2))
+    zone = F.when(h < lo, -1).when(h <= hi, 0).otherwise(1)
+    counted = keyed.groupBy("s", zone.alias("zone"), F.when(zone == 0, F.shiftright(h, shift)).alias("b")).count()
+    below: dict = {}
+    inside: dict = {}
+    # No filter on the result in Spark: pushed below the grouping, it would hash every row twice.
+    for r in counted.collect():
+        key = canonical(r["s"])
+        if r["zone"] < 0:
+            below[key] = r["count"]
+        elif r["zone"] == 0:
+            inside.setdefault(key, []).append((r["b"], r["count"]))
+    narrower = {}
+    for key, (want, lo_s, hi_s) in ranges.items():
+        seen = below.get(key, 0)
+        if seen >= want:  # the target-th row lies below the window
+            narrower[key] = (want, _MIN_HASH, lo_s - 1)
             continue
-        if want >= total:
-            out[s] = (1 << 63) - 1
-            continue
-        seen = 0
-        for b, c in buckets:
+        for b, c in sorted(inside.get(key, [])):
             if seen + c >= want:
-                boundary[s] = (b, want - seen)
+                if shift == 0:
+                    out[key] = b
+                    if seen + c > want:  # duplicates of the boundary row: take only as many as needed
+                        ties[_key(key)] = want - seen
+                else:
+                    narrower[key] = (want, max(lo_s, b << shift), min(hi_s, ((b + 1) << shift) - 1))
                 break
             seen += c
-    if boundary:
-        cond = None
-        for s, (b, _) in boundary.items():
-            c = F.col("s").eqNullSafe(F.lit(s)) & (F.col("b") == F.lit(b))
-            cond = c if cond is None else cond | c
-        hashes: dict = {}
-        for r in keyed.where(cond).select("s", "h").collect():
-            hashes.setdefault(canonical(r["s"]), []).append(r["h"])
-        for s, (_, need) in boundary.items():
-            ordered = sorted(hashes[s])
-            t = ordered[need - 1]
-            below, at = sum(1 for x in ordered if x < t), ordered.count(t)
-            out[s] = t
-            if below + at > need:  # duplicates of the boundary row: take only as many as needed
-                ties[_key(s)] = need - below
-    return out, sizes, ties
+        else:  # above the window
+            narrower[key] = (want, hi_s + 1, _MAX_HASH)
+    if any(lo_s > hi_s for _, lo_s, hi_s in narrower.values()):
+        raise _input_changed(narrower)
+    return narrower
+
+
+def _input_changed(strata) -> RuntimeError:
+    return RuntimeError(f"the rows changed between the passes of the fit (strata {sorted(map(as_text, strata))} "
+                        "never held their target-th row); cache or checkpoint an input computed with rand()")
+
+
+def _by_stratum(stratum: Column, values: dict) -> Column:
+    """A per-stratum value: ``values[s]`` on the rows of stratum ``s``, null on the others."""
+    expr = None
+    for s, v in values.items():
+        cond, val = stratum.eqNullSafe(F.lit(s)), F.lit(v).cast("long")
+        expr = F.when(cond, val) if expr is None else expr.when(cond, val)
+    return expr
 
 
 NAN = float("nan")

@@ -235,3 +235,71 @@ def test_stratum_smaller_than_asked_errors_or_is_recorded(spark):
         StratifiedSampler(stratumCol="s", targetCounts={"zz": 1}).fit(df)
     with pytest.raises(ValueError, match="stratumCol 'nope'"):
         StratifiedSampler(stratumCol="nope", targetCounts={"a": 1}).fit(df)
+
+
+# -- the cost of exactness (issue 25) --------------------------------------------------------
+
+def test_a_fit_hashes_each_row_once_and_sampling_once_more(spark):
+    """The fit reads the hashed columns in one pass (its other query counts the strata from
+    the stratum column alone); sampling is the second. Counted on a key column computed
+    per row, so each pass that reads it shows."""
+    from pyspark.sql import types as T
+    calls = spark.sparkContext.accumulator(0)
+
+    def key(ids):
+        calls.add(len(ids))
+        return ids
+
+    key_udf = F.pandas_udf(key, T.LongType())
+    df = spark.range(3000, numPartitions=3).select(key_udf("id").alias("k"), (F.col("id") % 3).alias("s"))
+    model = StratifiedSampler(stratumCol="s", fractions={"0": 0.3, "1": 0.5, "2": 0.9}, keyCols=["k"], seed=3).fit(df)
+    assert calls.value == 3000
+    got = {r["s"]: r["count"] for r in model.sample(df).groupBy("s").count().collect()}
+    assert got == {0: 300, 1: 500, 2: 900}
+    assert calls.value == 2 * 3000
+
+
+def test_thresholds_are_the_same_when_the_first_window_misses(spark, monkeypatch):
+    """The narrowing passes that follow a missed window (forced here: an empty window, and
+    buckets for every range) find the same thresholds and ties as the window does."""
+    from sparkdeep.transformers import sampling
+    rows = [(i, i % 4, float(i % 50)) for i in range(4000)] + [(-1, 1, 7.0)] * 300  # a heavy duplicate
+    df = spark.createDataFrame(rows, "id long, s long, x double").cache()
+
+    def fitted():
+        m = StratifiedSampler(stratumCol="s", targetCounts={"0": 1, "1": 611, "2": 999, "3": 500}, seed=8,
+                              keyCols=["s", "x"]).fit(df)
+        return m._plan, sorted(r["id"] for r in m.sample(df).collect())
+
+    passes = []
+    narrow = sampling._narrow
+    monkeypatch.setattr(sampling, "_narrow", lambda *args: passes.append(1) or narrow(*args))
+    plan, ids = fitted()
+    assert plan["ties"]  # 25 distinct keys per stratum: the boundary key is shared
+    assert len(ids) == 1 + 611 + 999 + 500
+    default_passes = len(passes)
+    monkeypatch.setattr(sampling, "_WINDOW_SIGMAS", 0.0)
+    monkeypatch.setattr(sampling, "_EXACT_ROWS", 4)
+    assert fitted() == (plan, ids)
+    assert len(passes) - default_passes > max(2, default_passes)
+
+
+def test_dense_and_sparse_vectors_hash_as_their_values_whichever_way_they_are_read(spark, monkeypatch):
+    """Dense vectors are hashed from their stored values, sparse ones through
+    ``vector_to_array``: the same hash as converting every row (saved thresholds stay valid),
+    and the same for a dense and a sparse vector of equal values, nested ones too."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+    from sparkdeep.transformers import sampling
+    schema = T.StructType([T.StructField("v", VectorUDT()), T.StructField("a", T.ArrayType(VectorUDT()))])
+    dense, sparse = Vectors.dense([1.0, 0.0, 3.0]), Vectors.sparse(3, [0, 2], [1.0, 3.0])
+    df = spark.createDataFrame([(dense, [sparse]), (sparse, [dense]), (None, None), (Vectors.dense([2.0]), [])],
+                               schema)
+    fast = [r[0] for r in df.select(sampling.row_hash(["v", "a"], 5, df.schema)).collect()]
+    assert fast[0] == fast[1] != fast[3]
+    reference = F.xxhash64(F.lit(5), F.when(F.col("v").isNotNull(), vector_to_array("v")),
+                           F.transform("a", lambda x: F.when(x.isNotNull(), vector_to_array(x))))
+    assert fast == [r[0] for r in df.select(reference).collect()]
+    monkeypatch.setattr(sampling, "_stored_vector", lambda col: None)  # as on Spark Connect
+    assert fast == [r[0] for r in df.select(sampling.row_hash(["v", "a"], 5, df.schema)).collect()]
