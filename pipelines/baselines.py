@@ -8,9 +8,15 @@ imputer, assembler), without the sampler, the selectors or PCA. Each baseline is
 
 Candidates per task (``BASELINES``, from ``sparkdeep.tasks``):
 
-- binary: logistic regression, gradient-boosted trees, random forest;
-- multiclass: multinomial logistic regression, random forest (MLlib's GBT is binary only);
-- regression: linear regression, gradient-boosted trees, random forest.
+- binary: logistic regression, gradient-boosted trees, random forest, XGBoost;
+- multiclass: multinomial logistic regression, random forest, XGBoost (MLlib's GBT is
+  binary only);
+- regression: linear regression, gradient-boosted trees, random forest, XGBoost.
+
+XGBoost is ``xgboost.spark``'s estimator with the library's default settings (100 rounds
+of depth 6, learning rate 0.3), trained by as many barrier tasks as the network has ranks
+(``workers``); it saves as MLlib stages do (metadata JSON and the booster as XGBoost's own
+JSON), and ``sparkdeep.model_store`` refuses the pickled callbacks its format allows.
 
 The train step saves them as one ``PipelineModel`` (:func:`fit_pipeline`): the shared
 encoding front, then each model writing its own ``<name>__prediction`` (and
@@ -76,11 +82,15 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
     return PipelineModel(front)
 
 
-def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 6, max_iter: int = 100):
-    """The unfitted MLlib estimator ``name`` for ``task`` (see ``BASELINES``)."""
+def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 6, max_iter: int = 100,
+              workers: int = 1):
+    """The unfitted estimator ``name`` for ``task`` (see ``BASELINES``); ``workers``: XGBoost's
+    barrier tasks (the others are MLlib's and use every partition)."""
     tasks.check_task(task)
     if name not in BASELINES[task]:
         raise ValueError(f"no baseline {name!r} for a {task} task; choose from {list(BASELINES[task])}")
+    if name == "xgboost":
+        return _xgboost(task, seed=seed, workers=workers)
     common = {"featuresCol": ASSEMBLED, "labelCol": LABEL}
     if task == "regression":
         from pyspark.ml import regression as R
@@ -97,18 +107,45 @@ def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 
     return C.RandomForestClassifier(numTrees=2 * trees, maxDepth=depth + 4, seed=seed, **common)
 
 
+def _xgboost(task: str, *, seed: int, workers: int):
+    import logging
+
+    from xgboost.spark import SparkXGBClassifier, SparkXGBRegressor
+    # Its driver logger says INFO per fit and passes its level to the barrier tasks.
+    logging.getLogger("XGBoost-PySpark").setLevel(logging.WARNING)
+    cls = SparkXGBRegressor if task == "regression" else SparkXGBClassifier
+    # verbose=False: no training-set evaluation printed (and computed) every round.
+    return cls(features_col=ASSEMBLED, label_col=LABEL, num_workers=max(1, int(workers)), random_state=seed,
+               verbose=False)
+
+
 def _outputs(est, name: str, task: str):
-    est.setPredictionCol(name + PREDICTION)
+    outputs = {"predictionCol": name + PREDICTION}
     if task != "regression":
-        est.setProbabilityCol(name + PROBABILITY).setRawPredictionCol(name + RAW)
+        outputs.update(probabilityCol=name + PROBABILITY, rawPredictionCol=name + RAW)
+    for param, value in outputs.items():  # MLlib's and xgboost.spark's estimators alike
+        est.set(est.getParam(param), value)
     return est
+
+
+def _check_xgboost_classes(assembled: DataFrame) -> None:
+    """XGBoost takes the class count from the distinct training labels: a class index with
+    no training row would make a higher one out of range. Refused, naming the indices."""
+    row = assembled.agg(F.countDistinct(LABEL).alias("n"), F.max(LABEL).alias("top")).first()
+    if row["top"] is not None and row["n"] != int(row["top"]) + 1:
+        present = {int(r[0]) for r in assembled.select(LABEL).distinct().collect()}
+        missing = sorted(set(range(int(row["top"]) + 1)) - present)
+        raise ValueError(f"the xgboost baseline needs a training row of every class below the highest; class "
+                         f"indices {missing} have none (drop xgboost from baselines.models, or keep those "
+                         "classes' rows in the training table)")
 
 
 def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
                  names: tuple[str, ...] | None = None, trees: int = 50, depth: int = 6,
-                 max_iter: int = 100) -> tuple[PipelineModel, dict[str, float]]:
+                 max_iter: int = 100, workers: int = 1) -> tuple[PipelineModel, dict[str, float]]:
     """Every baseline in one ``PipelineModel`` (front + one model per name, each with its
-    own output columns) fitted on every row of ``train``; and {name: fit seconds}."""
+    own output columns) fitted on every row of ``train``; and {name: fit seconds}.
+    ``workers``: XGBoost's barrier tasks (the train step passes the network's rank count)."""
     names = tuple(names) if names else BASELINES[tasks.check_task(task)]
     for name in names:
         estimator(name, task, seed=seed)  # an unknown name fails before any work
@@ -117,11 +154,13 @@ def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, s
         assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
     try:
         assembled.count()  # the encoding is shared by the candidates, not timed against one
+        if "xgboost" in names and task == "multiclass":
+            _check_xgboost_classes(assembled)
         models, fit_s = [], {}
         for name in names:
             t0 = time.perf_counter()
-            models.append(_outputs(estimator(name, task, seed=seed, trees=trees, depth=depth, max_iter=max_iter),
-                                   name, task)
+            models.append(_outputs(estimator(name, task, seed=seed, trees=trees, depth=depth, max_iter=max_iter,
+                                             workers=workers), name, task)
                           .fit(assembled))
             fit_s[name] = round(time.perf_counter() - t0, 3)
         return PipelineModel(list(front.stages) + models), fit_s

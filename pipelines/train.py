@@ -156,7 +156,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     b = cfg.baselines
     baseline, fit_s = bl.fit_pipeline(run.read(spark, Tables.TRAIN), prepare_model, task, seed=cfg.seed,
                                       names=tuple(b.models) or None, trees=b.trees, depth=b.depth,
-                                      max_iter=b.max_iter)
+                                      max_iter=b.max_iter, workers=t.num_proc)
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
     if timings:

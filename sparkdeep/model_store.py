@@ -83,7 +83,15 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
     "sparkdeep.transformers.keras.model", "KerasHorovodModel") | _names(
     # the path before issue 24's package split, which saved models name
-    "sparkdeep.transformers.keras_estimator", "KerasHorovodModel")
+    "sparkdeep.transformers.keras_estimator", "KerasHorovodModel") | _names(
+    # the XGBoost baseline; its metadata is checked further (_XGBOOST_CODE)
+    "xgboost.spark.estimator", """SparkXGBClassifier SparkXGBClassifierModel SparkXGBRegressor
+    SparkXGBRegressorModel""")
+
+#: Metadata fields ``xgboost.spark`` reads besides params: ``serialized_callbacks`` is a
+#: cloudpickle its loader unpickles (code), ``init_booster`` a further file to read. Our
+#: baselines write neither; a folder that has one is refused.
+_XGBOOST_CODE = ("serialized_callbacks", "init_booster")
 
 # MLlib names a stage folder ``<index>_<uid>``; a uid is a class-like prefix, "_" and hex.
 # Anything with a separator could step out of ``stages/``.
@@ -161,6 +169,11 @@ def _check_stage(spark: SparkSession, folder: str, found: list[tuple[str, str]])
             f"{folder}: class {cls!r} in its metadata is not one sparkdeep loads (refused before "
             f"importing anything). If it is a legitimate stage, add it to "
             f"sparkdeep.model_store.ALLOWED_CLASSES")
+    if cls.startswith("xgboost."):
+        extra = [k for k in _XGBOOST_CODE if k in meta]
+        if extra:
+            raise UnsafeModelError(f"{folder}/metadata: field {extra[0]!r} is pickled code or a file xgboost.spark "
+                                   "would load; sparkdeep's XGBoost stages never write it (refused)")
     found.append((folder, cls))
     if cls not in _PIPELINES:
         return

@@ -94,19 +94,21 @@ HOLDOUT_METRICS = {
     "r2": HoldoutMetric(True, ("regression",)),
 }
 
-# The metric the quality gate checks when ``gate.metric`` is "".
 #: What a user would fit instead, per task (``pipelines/baselines.py``): MLlib's usual
-#: strongest models on every assembled feature. MLlib's GBT is binary only.
+#: strongest models and XGBoost (``xgboost.spark``, distributed on the same executors,
+#: with the library's default settings) on every assembled feature. MLlib's GBT is binary
+#: and regression only.
 BASELINES = {
-    "binary": ("logistic_regression", "gbt", "random_forest"),
-    "multiclass": ("logistic_regression", "random_forest"),
-    "regression": ("linear_regression", "gbt", "random_forest"),
+    "binary": ("logistic_regression", "gbt", "random_forest", "xgboost"),
+    "multiclass": ("logistic_regression", "random_forest", "xgboost"),
+    "regression": ("linear_regression", "gbt", "random_forest", "xgboost"),
 }
 
 #: The network's loss and training metrics per task (``train.loss``/``train.metrics`` override them).
 DEFAULT_LOSS = {"binary": "binary_crossentropy", "multiclass": "sparse_categorical_crossentropy",
                 "regression": "mse"}
 DEFAULT_METRICS = {"binary": ("auc", "accuracy"), "multiclass": ("accuracy",), "regression": ("rmse", "mae")}
+# The metric the quality gate checks when ``gate.metric`` is "".
 DEFAULT_GATE_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}
 
 

@@ -142,7 +142,7 @@ def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
     ("output_dir=file://", "output_dir"),  # no folder: the working directory
     ("gate.metric=f1", "gate.metric"),
     ("baselines.models=[gbt, gbt]", "baselines.models"),
-    ("baselines.models=[xgboost]", "baselines.models"),
+    ("baselines.models=[lightgbm]", "baselines.models"),
     ("baselines.trees=0", "baselines.trees"),
     ("baselines.depth=30", "baselines.depth"),
     ("gate.min_value=1.5", "gate.min_value"),

@@ -61,7 +61,8 @@ def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
     assert width == 2 + 3
     for name, (_, fit_s, combined) in models.items():
         last = combined.stages[-1]
-        assert last.numFeatures == width and fit_s > 0, name
+        features = last.get_booster().num_features() if name == "xgboost" else last.numFeatures
+        assert features == width and fit_s > 0, name
         if isinstance(last, LogisticRegressionModel):
             assert last.summary.predictions.count() == df.count()  # the whole table, not the sample
 
@@ -76,16 +77,29 @@ def test_baselines_score_raw_rows_with_unseen_and_null_values(spark, binary):
                    for r in rows), name
 
 
-def test_each_task_gets_mllibs_models_for_it():
+def test_each_task_gets_mllibs_models_and_xgboost_for_it():
     from pyspark.ml import classification as C
     from pyspark.ml import regression as R
-    want = {"binary": (C.LogisticRegression, C.GBTClassifier, C.RandomForestClassifier),
-            "multiclass": (C.LogisticRegression, C.RandomForestClassifier),
-            "regression": (R.LinearRegression, R.GBTRegressor, R.RandomForestRegressor)}
+    from xgboost.spark import SparkXGBClassifier, SparkXGBRegressor
+    want = {"binary": (C.LogisticRegression, C.GBTClassifier, C.RandomForestClassifier, SparkXGBClassifier),
+            "multiclass": (C.LogisticRegression, C.RandomForestClassifier, SparkXGBClassifier),
+            "regression": (R.LinearRegression, R.GBTRegressor, R.RandomForestRegressor, SparkXGBRegressor)}
     for task, classes in want.items():
-        made = [bl.estimator(name, task, seed=1) for name in bl.BASELINES[task]]
+        made = [bl.estimator(name, task, seed=1, workers=2) for name in bl.BASELINES[task]]
         assert [type(m) for m in made] == list(classes), task
-        assert all(m.getFeaturesCol() == bl.ASSEMBLED for m in made)
+        assert all(m.getOrDefault("featuresCol") == bl.ASSEMBLED for m in made)
+        xgb = made[-1]
+        # the library's defaults, distributed over the given workers
+        set_ = {p.name: v for p, v in xgb._paramMap.items()}
+        assert set_ == {"featuresCol": bl.ASSEMBLED, "labelCol": "label", "num_workers": 2, "random_state": 1,
+                        "verbose": False, "arbitrary_params_dict": {}}, task
+
+
+def test_xgboost_refuses_a_multiclass_training_table_missing_a_class(spark):
+    df = spark.createDataFrame([(float(c),) for c in (0, 0, 2, 2)], "label double")
+    with pytest.raises(ValueError, match=r"xgboost baseline needs a training row of every class.*\[1\]"):
+        bl._check_xgboost_classes(df)
+    bl._check_xgboost_classes(spark.createDataFrame([(0.0,), (1.0,)], "label double"))
 
 
 def test_a_baseline_the_task_lacks_is_named():

@@ -329,3 +329,36 @@ def test_a_lambda_layer_is_refused_by_keras_safe_mode(spark, model, tmp_path):
     keras_file = os.path.join(stage(path, 1), KERAS_FILE)
     with pytest.raises(UnsafeModelError, match=rf"{re.escape(keras_file)}: refused by Keras safe mode .*Lambda"):
         model_store.load_pipeline(spark, path)
+
+
+# -- XGBoost's pickled callbacks --------------------------------------------------------------------
+
+class _WritesOnUnpickle:
+    """Unpickling calls ``Path.write_text``: what a crafted ``serialized_callbacks`` can do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import pathlib
+        return pathlib.Path.write_text, (pathlib.Path(self.path), "unpickled")
+
+
+@pytest.mark.parametrize("field", ["serialized_callbacks", "init_booster"])
+def test_an_xgboost_stage_with_pickled_callbacks_or_an_init_booster_is_refused(spark, tmp_path, field):
+    import base64
+    import pickle
+
+    from xgboost.spark import SparkXGBClassifier
+    path = str(tmp_path / "xgb")
+    SparkXGBClassifier(num_workers=1).save(path)
+    marker = tmp_path / "pwned"
+    payload = base64.encodebytes(pickle.dumps(_WritesOnUnpickle(marker))).decode("ascii")
+    edit_metadata(path, lambda meta: meta.update({field: payload if field == "serialized_callbacks" else "b"}))
+    if field == "serialized_callbacks":  # the hole: xgboost.spark's own load unpickles it
+        SparkXGBClassifier.load(path)
+        assert marker.read_text() == "unpickled"
+        marker.unlink()
+    with pytest.raises(UnsafeModelError, match=rf"xgb/metadata: field '{field}' is pickled code or a file"):
+        model_store.load(spark, path)
+    assert not marker.exists()
