@@ -342,6 +342,29 @@ def timings_figure(walls: dict[str, float]):
     return fig
 
 
+def time_to_quality_figure(metrics: dict[str, dict], fit_s: dict[str, float | None], metric: str,
+                           higher: bool, network: str = "keras_horovod"):
+    """Each model's held-out ``metric`` against its fit seconds (log scale): what the
+    network costs for what it gains. Models without a fit time or a finite value are left
+    out (the table above still lists them)."""
+    import math
+    fig, ax = _fig(5.6, 3.8)
+    points = [(n, float(fit_s[n]), float(m[metric])) for n, m in metrics.items()
+              if isinstance(fit_s.get(n), (int, float)) and fit_s[n] > 0
+              and isinstance(m.get(metric), (int, float)) and math.isfinite(m[metric])]
+    for name, t, v in points:
+        mine = name == network
+        ax.scatter([t], [v], s=60 if mine else 36, marker="*" if mine else "o", zorder=3,
+                   color="tab:red" if mine else "tab:blue")
+        ax.annotate(f" {name}", (t, v), fontsize=8, va="center")
+    ax.set_xscale("log")
+    ax.set(xlabel="fit seconds (log scale)", ylabel=f"held-out {metric} ({'higher' if higher else 'lower'} is better)",
+           title="Quality against fit time")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
@@ -382,6 +405,11 @@ def _performance(result: dict, data: dict[str, dict]) -> list[tuple[str, object]
 def figures(result: dict, data: dict[str, dict], reports: dict[str, dict]) -> list[tuple[str, str, object]]:
     """(section, caption, figure) for every plot the data allows, in report order."""
     out = [("Held-out performance", caption, fig) for caption, fig in _performance(result, data)]
+    fit_s = result.get("fit_s") or {}
+    if sum(isinstance(v, (int, float)) and v > 0 for v in fit_s.values()) >= 2:
+        metric, higher = tasks.gate_metric((result.get("gate") or {}).get("metric", ""), result["task"])
+        out.append(("Held-out performance", f"Held-out {metric} against fit time",
+                    time_to_quality_figure(result["metrics"], fit_s, metric, higher)))
     history = ((reports.get("train") or {}).get("keras") or {}).get("history") or []
     if history:
         out.append(("Training", "Learning curves", learning_curves_figure(history)))

@@ -112,7 +112,8 @@ def pages(binary, multiclass, regression):
         names = ("keras_horovod", "linear_regression" if task == "regression" else "logistic_regression")
         m = task_metrics(df, task, classes_)
         result = {"task": task, "classes": classes_, "metrics": {n: m for n in names},
-                  "row_counts": {"score": {"in": m["rows"], "out": m["rows"]}}, "step_wall_s": WALLS}
+                  "row_counts": {"score": {"in": m["rows"], "out": m["rows"]}}, "step_wall_s": WALLS,
+                  "fit_s": {names[0]: 30.0, names[1]: 2.5}}
         data = {n: rp.report_data(df, task) for n in names}
         pages.append((task, rp.render_html(result, data, reports, "r1"), names))
     return pages
@@ -130,6 +131,8 @@ def expected_images(task, names):
         held_out = [*[f"Confusion matrix ({n})" for n in names], "Recall per class"]
     else:
         held_out = [*[f"Predicted vs actual ({n})" for n in names], "Residuals"]
+    metric = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}[task]
+    held_out.append(f"Held-out {metric} against fit time")
     return held_out + ["Learning curves"] + (REDUCTION if task != "regression" else []) + ["Step timings"]
 
 
@@ -140,9 +143,24 @@ def test_the_report_follows_the_task(pages):
     for task, text, names in pages:
         assert re.findall(r"<img alt='([^']*)'", text) == expected_images(task, names), task
         table = text.split("<h2>Metrics</h2>")[1].split("</tr>")[0]
-        assert re.findall(r"<th>([^<]*)</th>", table) == ["model"] + headers[task]
+        assert re.findall(r"<th>([^<]*)</th>", table) == ["model"] + headers[task] + ["fit s"]
         assert f"task {task}" in text and "http://" not in text and "https://" not in text and "<script" not in text
     assert "3 classes: cat, dog, fox" in pages[1][1]
+
+
+def test_quality_against_fit_time_plots_each_timed_model_with_a_finite_metric():
+    metrics = {"keras_horovod": {"auc": 0.79}, "xgboost": {"auc": 0.78}, "gbt": {"auc": float("nan")},
+               "random_forest": {"auc": 0.73}}
+    fig = rp.time_to_quality_figure(metrics, {"keras_horovod": 60.0, "xgboost": 5.0, "gbt": 50.0,
+                                              "random_forest": None}, "auc", True)
+    ax = fig.axes[0]
+    # the network and xgboost: gbt's AUC is not finite, random_forest has no fit time
+    assert sorted(t.get_text().strip() for t in ax.texts) == ["keras_horovod", "xgboost"]
+    assert ax.get_xscale() == "log" and "higher is better" in ax.get_ylabel()
+    assert rp.png_bytes(fig)[:4] == b"\x89PNG"
+    # fewer than two timed models: no such plot
+    result = {"task": "binary", "metrics": metrics, "fit_s": {"keras_horovod": 60.0}}
+    assert "Held-out auc against fit time" not in [c for _, c, _ in rp.figures(result, {}, {})]
 
 
 def test_a_report_without_earlier_step_reports_still_renders():
