@@ -114,12 +114,15 @@ def test_an_unknown_key_is_named_and_dataset_overrides_apply(tmp_path):
         load_config(CONF, overrides=["data.dataset=diamonds_price", "train.metrics=[auc]"])
 
 
+SHIPPED = ("nycflights13", "diamonds_cut", "diamonds_price", "hmda", "caravan")
+
+
 def test_every_shipped_spec_loads():
-    for name in ("nycflights13", "diamonds_cut", "diamonds_price"):
+    assert sorted(SHIPPED) == sorted(f[:-5] for f in os.listdir(os.path.join(CONF, "datasets")) if f.endswith(".yaml"))
+    for name in SHIPPED:
         spec = load_config(CONF, overrides=[f"data.dataset={name}"]).dataset
         assert spec.file.endswith(f"{name}.yaml")
-    assert {load_spec(n, CONF).task for n in ("nycflights13", "diamonds_cut", "diamonds_price")} == {
-        "binary", "multiclass", "regression"}
+    assert {load_spec(n, CONF).task for n in SHIPPED} == {"binary", "multiclass", "regression"}
 
 
 # -- CSV: malformed lines and unparseable values are rejected with the raw line --------------------
