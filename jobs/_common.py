@@ -106,22 +106,27 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
     return report
 
 
-def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str) -> int:
-    """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status."""
+def execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str,
+            require: Callable[[Config], None] | None = None) -> int:
+    """Run ``names`` in order as one run (:class:`sparkdeep.runs.Run`); return the exit status.
+    ``require(cfg)`` raises :class:`ConfigError` for a config this job cannot run with
+    (exit 2 before the run is opened)."""
     verbose = getattr(args, "verbose", False)
     logs.quiet_native(verbose)
     with logs.verbosity(getattr(args, "quiet", False), verbose) as spark_level:
-        return _execute(names, steps, args, app_name, spark_level)
+        return _execute(names, steps, args, app_name, spark_level, require)
 
 
 def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace, app_name: str,
-             spark_level: str) -> int:
+             spark_level: str, require: Callable[[Config], None] | None = None) -> int:
     from sparkdeep.runs import OutputLocked, Run
     label = app_name.removeprefix("sparkdeep-")
     t0 = time.time()
     run = None
     try:
         cfg = load(args)
+        if require is not None:
+            require(cfg)
 
         def session():
             from sparkdeep.session import builder

@@ -14,7 +14,8 @@ Candidates per task (``BASELINES``, from ``sparkdeep.tasks``):
 - regression: linear regression, gradient-boosted trees, random forest, XGBoost.
 
 XGBoost is ``xgboost.spark``'s estimator with the library's default settings (100 rounds
-of depth 6, learning rate 0.3), trained by as many barrier tasks as the network has ranks
+of depth 6, learning rate 0.3), or with the settings a search found (``xgboost_params``,
+``pipelines/tune``), trained by as many barrier tasks as the network has ranks
 (``workers``); it saves as MLlib stages do (metadata JSON and the booster as XGBoost's own
 JSON), and ``sparkdeep.model_store`` refuses the pickled callbacks its format allows.
 
@@ -25,7 +26,9 @@ the names travel in the saved model itself (:func:`names_in`, :func:`model_frame
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Iterator, Mapping
 
 from pyspark.ml import PipelineModel
 from pyspark.sql import DataFrame
@@ -82,15 +85,26 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame | None = None)
     return PipelineModel(front)
 
 
+#: The XGBoost settings a search may set (``xgboost_params``): numbers only, nothing that
+#: names code or files (callbacks, an initial booster), which the saved model would carry.
+XGBOOST_PARAMS = ("max_depth", "learning_rate", "n_estimators", "subsample", "colsample_bytree",
+                  "min_child_weight", "reg_lambda")
+
+
 def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 6, max_iter: int = 100,
-              workers: int = 1):
+              workers: int = 1, xgboost_params: Mapping[str, float] | None = None):
     """The unfitted estimator ``name`` for ``task`` (see ``BASELINES``); ``workers``: XGBoost's
-    barrier tasks (the others are MLlib's and use every partition)."""
+    barrier tasks (the others are MLlib's and use every partition); ``xgboost_params``:
+    XGBoost's settings in place of the library's defaults (names from :data:`XGBOOST_PARAMS`)."""
     tasks.check_task(task)
     if name not in BASELINES[task]:
         raise ValueError(f"no baseline {name!r} for a {task} task; choose from {list(BASELINES[task])}")
+    unknown = sorted(set(xgboost_params or {}) - set(XGBOOST_PARAMS))
+    if unknown:
+        raise ValueError(f"xgboost_params {unknown} are not settings a search may give XGBoost; "
+                         f"known: {list(XGBOOST_PARAMS)}")
     if name == "xgboost":
-        return _xgboost(task, seed=seed, workers=workers)
+        return _xgboost(task, seed=seed, workers=workers, params=xgboost_params or {})
     common = {"featuresCol": ASSEMBLED, "labelCol": LABEL}
     if task == "regression":
         from pyspark.ml import regression as R
@@ -107,7 +121,7 @@ def estimator(name: str, task: str, *, seed: int, trees: int = 50, depth: int = 
     return C.RandomForestClassifier(numTrees=2 * trees, maxDepth=depth + 4, seed=seed, **common)
 
 
-def _xgboost(task: str, *, seed: int, workers: int):
+def _xgboost(task: str, *, seed: int, workers: int, params: Mapping[str, float]):
     import logging
 
     from xgboost.spark import SparkXGBClassifier, SparkXGBRegressor
@@ -116,7 +130,7 @@ def _xgboost(task: str, *, seed: int, workers: int):
     cls = SparkXGBRegressor if task == "regression" else SparkXGBClassifier
     # verbose=False: no training-set evaluation printed (and computed) every round.
     return cls(features_col=ASSEMBLED, label_col=LABEL, num_workers=max(1, int(workers)), random_state=seed,
-               verbose=False)
+               verbose=False, **params)
 
 
 def _outputs(est, name: str, task: str):
@@ -128,7 +142,7 @@ def _outputs(est, name: str, task: str):
     return est
 
 
-def _check_xgboost_classes(assembled: DataFrame) -> None:
+def check_xgboost_classes(assembled: DataFrame) -> None:
     """XGBoost takes the class count from the distinct training labels: a class index with
     no training row would make a higher one out of range. Refused, naming the indices."""
     row = assembled.agg(F.countDistinct(LABEL).alias("n"), F.max(LABEL).alias("top")).first()
@@ -140,32 +154,56 @@ def _check_xgboost_classes(assembled: DataFrame) -> None:
                          "classes' rows in the training table)")
 
 
-def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
-                 names: tuple[str, ...] | None = None, trees: int = 50, depth: int = 6,
-                 max_iter: int = 100, workers: int = 1) -> tuple[PipelineModel, dict[str, float]]:
-    """Every baseline in one ``PipelineModel`` (front + one model per name, each with its
-    own output columns) fitted on every row of ``train``; and {name: fit seconds}.
-    ``workers``: XGBoost's barrier tasks (the train step passes the network's rank count)."""
+def names_for(task: str, names: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The baselines to fit: ``names``, or the task's (``BASELINES``); an unknown one is named."""
     names = tuple(names) if names else BASELINES[tasks.check_task(task)]
     for name in names:
-        estimator(name, task, seed=seed)  # an unknown name fails before any work
+        estimator(name, task, seed=0)  # an unknown name fails before any work
+    return names
+
+
+@contextlib.contextmanager
+def assembled_rows(train: DataFrame, prepare_model: PipelineModel) -> Iterator[tuple[PipelineModel, DataFrame]]:
+    """(the fitted front, every row of ``train`` as ``assembled`` + ``label``), the rows
+    cached while inside: the encoding is done once for every candidate (and a search)."""
     with wide_plans(train.sparkSession):  # MLlib's per-column stages plan in linear time at width
         front = assembly_front(prepare_model, train)
         assembled = front.transform(train).select(ASSEMBLED, LABEL).cache()
     try:
         assembled.count()  # the encoding is shared by the candidates, not timed against one
-        if "xgboost" in names and task == "multiclass":
-            _check_xgboost_classes(assembled)
-        models, fit_s = [], {}
-        for name in names:
-            t0 = time.perf_counter()
-            models.append(_outputs(estimator(name, task, seed=seed, trees=trees, depth=depth, max_iter=max_iter,
-                                             workers=workers), name, task)
-                          .fit(assembled))
-            fit_s[name] = round(time.perf_counter() - t0, 3)
-        return PipelineModel(list(front.stages) + models), fit_s
+        yield front, assembled
     finally:
         assembled.unpersist()
+
+
+def fit_pipeline(train: DataFrame, prepare_model: PipelineModel, task: str, *, seed: int,
+                 names: tuple[str, ...] | None = None, trees: int = 50, depth: int = 6,
+                 max_iter: int = 100, workers: int = 1,
+                 xgboost_params: Mapping[str, float] | None = None) -> tuple[PipelineModel, dict[str, float]]:
+    """Every baseline in one ``PipelineModel`` (front + one model per name, each with its
+    own output columns) fitted on every row of ``train``; and {name: fit seconds}.
+    ``workers``: XGBoost's barrier tasks (the train step passes the network's rank count)."""
+    names = names_for(task, names)
+    with assembled_rows(train, prepare_model) as (front, assembled):
+        return fit_assembled(front, assembled, task, seed=seed, names=names, trees=trees, depth=depth,
+                             max_iter=max_iter, workers=workers, xgboost_params=xgboost_params)
+
+
+def fit_assembled(front: PipelineModel, assembled: DataFrame, task: str, *, seed: int, names: tuple[str, ...],
+                  trees: int = 50, depth: int = 6, max_iter: int = 100, workers: int = 1,
+                  xgboost_params: Mapping[str, float] | None = None) -> tuple[PipelineModel, dict[str, float]]:
+    """:func:`fit_pipeline` on rows :func:`assembled_rows` made (the train step searches
+    XGBoost's settings on the same rows first)."""
+    if "xgboost" in names and task == "multiclass":
+        check_xgboost_classes(assembled)
+    models, fit_s = [], {}
+    for name in names:
+        t0 = time.perf_counter()
+        models.append(_outputs(estimator(name, task, seed=seed, trees=trees, depth=depth, max_iter=max_iter,
+                                         workers=workers, xgboost_params=xgboost_params), name, task)
+                      .fit(assembled))
+        fit_s[name] = round(time.perf_counter() - t0, 3)
+    return PipelineModel(list(front.stages) + models), fit_s
 
 
 def names_in(model: PipelineModel) -> list[str]:

@@ -3,11 +3,14 @@
 The task (binary, multiclass, regression) comes from the dataset spec and sets the loss,
 the metrics and the default network (``sparkdeep.tasks``, ``transformers/keras_models``);
 ``train.loss`` and ``train.metrics`` in the config override them. The baselines (what a
-user would fit instead, on every feature) are in ``pipelines/baselines``.
+user would fit instead, on every feature) are in ``pipelines/baselines``. With
+``tune.trials`` > 0 a search (``pipelines/tune``) picks the network's settings and
+XGBoost's first; the network saved is then the best trial's own model.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -127,8 +130,13 @@ def checkpoint_key(cfg, fingerprint: dict, forced: tuple[str, int] | None = None
     return base + "-f" + hashlib.sha256(json.dumps(list(forced)).encode()).hexdigest()[:10]
 
 
-def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
+def fit_models(spark, cfg, paths, run: StepRun | None = None,
+               mlflow_run: str | None = None) -> tuple[PipelineModel, PipelineModel, dict]:
     """Fit Keras (Horovod) and the baselines; return both whole pipelines, unsaved.
+
+    With ``tune.trials`` > 0, search the network's and XGBoost's settings first
+    (``pipelines/tune``; each trial a child run of MLflow run ``mlflow_run``): the network
+    is the best trial's model, XGBoost is fitted with the best settings found.
 
     Raises :class:`~sparkdeep.pipelines.evaluate.QualityGateError` when the network's
     weights or final metrics are not finite, so such a model is never saved.
@@ -142,24 +150,57 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
     task = cfg.dataset.task
     classes = classes_of(train) if task == "multiclass" else None
     fingerprint = lineage.fingerprint(train)
-    checkpoint_run = checkpoint_key(cfg, fingerprint, (run.run_id, run.generation) if run.forced else None)
+    forced = (run.run_id, run.generation) if run.forced else None
     layout = network_layout(prepare_model, train)
-    estimator = keras_estimator(t, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
-                                   checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
-                                   trace_dir=paths.trace_dir(run.run_id))
+
+    def estimator_for(train_cfg, checkpoint_run: str) -> KerasHorovodEstimator:
+        return keras_estimator(train_cfg, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
+                               checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
+                               trace_dir=paths.trace_dir(run.run_id))
+
+    def checkpoint_for(train_cfg) -> str:
+        return checkpoint_key(dataclasses.replace(cfg, train=train_cfg), fingerprint, forced)
+
+    from sparkdeep import tracking
+    if cfg.tune.trials:  # Optuna (and its SQL store) only for a search
+        from . import tune
+    log_trials = functools.partial(tracking.log_trials, cfg, paths, mlflow_run) if mlflow_run else None
+    searches: dict[str, dict] = {}
+    network = None
+    if cfg.tune.trials:
+        network = tune.search_network(train, tune_cfg=cfg.tune, train_cfg=t, task=task, gate_metric=cfg.gate.metric,
+                                      ref=tune.study_ref(cfg.tune, paths, run, tune.NETWORK),
+                                      make_estimator=estimator_for, checkpoint_run=checkpoint_for,
+                                      log_trials=log_trials)
+        searches[tune.NETWORK] = network.report
+        t = network.best_train
+    checkpoint_run = network.checkpoint_run if network else checkpoint_for(t)
+    estimator = estimator_for(t, checkpoint_run)
     if not t.batch_size:
         log.info(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
                  f"(train.batch_size 0)")
     keras_model = estimator.fit(train)
+    if network:
+        keras_model.trainingSummary = tune.tuned_summary(keras_model.trainingSummary, network)
+        log.info(f"[train] the network is tune trial {network.best.number}'s model (from its checkpoint "
+                 f"{checkpoint_run}, {len(keras_model.trainingSummary['history'])} epochs)")
     check_finite(keras_model)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
     b = cfg.baselines
-    baseline, fit_s = bl.fit_pipeline(run.read(spark, Tables.TRAIN), prepare_model, task, seed=cfg.seed,
-                                      names=tuple(b.models) or None, trees=b.trees, depth=b.depth,
-                                      max_iter=b.max_iter, workers=t.num_proc)
+    names = bl.names_for(task, tuple(b.models) or None)
+    xgboost_params = None
+    with bl.assembled_rows(run.read(spark, Tables.TRAIN), prepare_model) as (front, rows):
+        if cfg.tune.trials and cfg.tune.xgboost.enabled:
+            xgb = tune.search_xgboost(rows, tune_cfg=cfg.tune, task=task, gate_metric=cfg.gate.metric, seed=cfg.seed,
+                                      workers=t.num_proc, ref=tune.study_ref(cfg.tune, paths, run, tune.XGBOOST),
+                                      log_trials=log_trials)
+            searches[tune.XGBOOST], xgboost_params = xgb.report, xgb.best_params
+        baseline, fit_s = bl.fit_assembled(front, rows, task, seed=cfg.seed, names=names, trees=b.trees,
+                                           depth=b.depth, max_iter=b.max_iter, workers=t.num_proc,
+                                           xgboost_params=xgboost_params)
     summary = keras_model.trainingSummary
     timings = summary.get("timings_s") or {}
-    if timings:
+    if "launch_to_first_step" in timings:  # a fit that trained now (not a finished checkpoint loaded)
         log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
                  f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
                  f"fit total {timings['fit_total']:.1f}s")
@@ -175,8 +216,11 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None) -> tuple[PipelineM
                           "batch_size_from": ("the training rows (train.batch_size 0)" if not t.batch_size
                                               else "train.batch_size")},
               "classes": classes, "checkpoint_run": checkpoint_run, "keras": summary,
-              "baselines": {"fit_s": fit_s, "trees": b.trees, "depth": b.depth, "max_iter": b.max_iter},
+              "baselines": {"fit_s": fit_s, "trees": b.trees, "depth": b.depth, "max_iter": b.max_iter,
+                            "xgboost_params": xgboost_params or "the library's defaults"},
               "training_inputs": summary["training_inputs"]}
+    if searches:
+        report["tune"] = searches
     return (scoring_pipeline(prepare_model, keras_model, classes),
             baseline, report)
 
@@ -194,13 +238,15 @@ def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:
 # -- the step (jobs/train.py runs it) ------------------------------------------
 
 def train_step(spark, cfg, paths, run) -> dict:
-    """Fit both pipelines (:func:`fit_models`), save them as this run's models and log the
-    fit to MLflow."""
+    """Fit both pipelines (:func:`fit_models`, after a search with ``tune.trials`` > 0),
+    save them as this run's models and log the fit (and each trial) to MLflow."""
     from sparkdeep import tracking
-    keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run)
+    # Made first, so a search's trials are its child runs.
+    mlflow_run = tracking.step_run(cfg, paths, run.run_id) if cfg.tune.trials else None
+    keras_pipeline, baseline_pipeline, report = fit_models(spark, cfg, paths, run, mlflow_run=mlflow_run)
     path = run.save_model(keras_pipeline, Models.PIPELINE)
     run.save_model(baseline_pipeline, Models.BASELINE)
-    report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path)
+    report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path, mlflow_run=mlflow_run)
     if report["tracking"]:
         log.info(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}")
     return report

@@ -95,6 +95,42 @@ class BaselinesConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkSpace:
+    """What a search varies in the network (only settings the estimator takes)."""
+    learning_rate: tuple[float, ...]        # [low, high], log-uniform
+    hidden_units: tuple[tuple[int, ...], ...]  # layer-width choices
+    dropout: tuple[float, ...]              # [low, high], uniform
+    batch_size: tuple[int, ...]             # choices; () = train.batch_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class XGBoostSpace:
+    """Tuning the XGBoost baseline with the network's budget: whether, on which rows, and over what."""
+    enabled: bool
+    validation_fraction: float              # share of the baselines' training rows each trial is scored on
+    max_depth: tuple[int, ...]              # [low, high]
+    learning_rate: tuple[float, ...]        # [low, high], log-uniform
+    n_estimators: tuple[int, ...]           # [low, high], log-uniform
+    subsample: tuple[float, ...]            # [low, high]
+    colsample_bytree: tuple[float, ...]     # [low, high]
+    min_child_weight: tuple[float, ...]     # [low, high], log-uniform
+    reg_lambda: tuple[float, ...]           # [low, high], log-uniform
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneConfig:
+    """The hyperparameter search the train step runs first when ``trials`` > 0 (pipelines/tune)."""
+    trials: int             # finished (complete or pruned) trials per search, the network's and XGBoost's; 0 = off
+    seed: int               # the TPE sampler's
+    startup_trials: int     # random trials before TPE models the results; the median pruner waits as long
+    pruner: str             # median, successive_halving or none (Choices.PRUNERS)
+    prune_every: int        # epochs between a network trial's pruning decisions
+    storage: str            # "" = SQLite under the run's folder; else an Optuna RDB URL
+    network: NetworkSpace
+    xgboost: XGBoostSpace
+
+
+@dataclass(frozen=True, kw_only=True)
 class GateConfig:
     """What a trained model must pass on held-out data before it becomes "latest"."""
     metric: str
@@ -122,6 +158,7 @@ class Config:
     baselines: BaselinesConfig
     gate: GateConfig
     tracking: TrackingConfig
+    tune: TuneConfig
     # The data set's spec (conf/datasets/<data.dataset>.yaml), attached by load_config.
     dataset: Any = None
 
@@ -178,6 +215,7 @@ class Config:
             ("gate.min_value", self.gate.min_value >= 0 if lower else
              0 <= self.gate.min_value <= 1 if unit else self.gate.min_value <= 1),
             ("gate.max_regression", self.gate.max_regression >= 0 and (lower or self.gate.max_regression <= 1)),
+            *self._tune_checks(task),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
             # MLflow's default store is a SQLite file under the output folder: only a local one.
             ("tracking.uri", bool(self.tracking.uri) or not self.tracking.enabled or _is_local(self.output_dir)),
@@ -207,7 +245,8 @@ class Config:
                    "baselines.depth": "1 to 26 (the random forest grows depth + 4, MLlib's limit is 30)",
                    "gate.metric": (f'"" (the task\'s default: {tasks.DEFAULT_GATE_METRIC}) or a held-out metric '
                                    f'of the {task or "any"} task: '
-                                   f'{[m for m, h in tasks.HOLDOUT_METRICS.items() if not task or task in h.tasks]}')}
+                                   f'{[m for m, h in tasks.HOLDOUT_METRICS.items() if not task or task in h.tasks]}'),
+                   **self._tune_hints(task)}
         for key, ok in checks:
             if not ok:
                 value = self
@@ -215,6 +254,81 @@ class Config:
                     value = getattr(value, part)
                 hint = f" (expected {allowed[key]})" if key in allowed else ""
                 raise ConfigError(f"config key {key!r}: value {shown(value)} is out of range{hint}")
+
+
+    def _tune_checks(self, task: str | None) -> list[tuple[str, bool]]:
+        """The ``tune`` section's checks (and, with a search on, what it needs of the others)."""
+        u, net, xgb = self.tune, self.tune.network, self.tune.xgboost
+        on = u.trials > 0
+        aimed = not on or task is None or (task, self.gate.metric or tasks.DEFAULT_GATE_METRIC[task]) \
+            in tasks.VALIDATION_METRICS
+        return [
+            ("tune.trials", u.trials >= 0),
+            ("tune.startup_trials", u.startup_trials >= 0),
+            ("tune.pruner", u.pruner in Choices.PRUNERS),
+            ("tune.prune_every", u.prune_every >= 1),
+            # Optuna's default store is a SQLite file under the run's folder: only a local one.
+            ("tune.storage", bool(u.storage) or not on or _is_local(self.output_dir)),
+            ("tune.network.learning_rate", _span(net.learning_rate) and net.learning_rate[0] > 0),
+            ("tune.network.hidden_units", bool(net.hidden_units) and all(
+                c and min(c) >= 1 for c in net.hidden_units) and len(set(net.hidden_units)) == len(net.hidden_units)),
+            ("tune.network.dropout", _span(net.dropout) and 0 <= net.dropout[0] and net.dropout[1] < 1),
+            ("tune.network.batch_size", all(b >= 1 for b in net.batch_size) and
+             len(set(net.batch_size)) == len(net.batch_size)),
+            ("tune.xgboost.validation_fraction", 0 < xgb.validation_fraction < 1),
+            ("tune.xgboost.max_depth", _span(xgb.max_depth) and xgb.max_depth[0] >= 1),
+            ("tune.xgboost.learning_rate", _span(xgb.learning_rate) and xgb.learning_rate[0] > 0),
+            ("tune.xgboost.n_estimators", _span(xgb.n_estimators) and xgb.n_estimators[0] >= 1),
+            ("tune.xgboost.subsample", _span(xgb.subsample) and 0 < xgb.subsample[0] and xgb.subsample[1] <= 1),
+            ("tune.xgboost.colsample_bytree", _span(xgb.colsample_bytree) and 0 < xgb.colsample_bytree[0]
+             and xgb.colsample_bytree[1] <= 1),
+            ("tune.xgboost.min_child_weight", _span(xgb.min_child_weight) and xgb.min_child_weight[0] > 0),
+            ("tune.xgboost.reg_lambda", _span(xgb.reg_lambda) and xgb.reg_lambda[0] > 0),
+            ("tune.xgboost.enabled", not (on and xgb.enabled and self.baselines.models
+                                          and "xgboost" not in self.baselines.models)),
+            # What a search needs of the other sections: validation rows to score trials on,
+            # and a gate metric the network reports on them every epoch.
+            ("train.validation_fraction", not on or self.train.validation_fraction > 0),
+            ("train.trace", not (on and self.train.trace)),
+            ("gate.metric", aimed),
+        ]
+
+    def _tune_hints(self, task: str | None) -> dict[str, str]:
+        usable = [m for (t, m) in tasks.VALIDATION_METRICS if t == task] if task else \
+            sorted({m for _, m in tasks.VALIDATION_METRICS})
+        out = {"tune.trials": "an integer >= 0: trials per search (0 = no search)",
+               "tune.pruner": f"one of {list(Choices.PRUNERS)}",
+               "tune.prune_every": "an integer >= 1: epochs between a network trial's pruning decisions",
+               "tune.storage": (f"an Optuna storage URL (sqlite:///<a local file>, postgresql://...) when "
+                                f"output_dir is not local ({self.output_dir}): the default SQLite file lives "
+                                "under the run's folder; or set tune.trials=0"),
+               "tune.network.learning_rate": "[low, high] with 0 < low <= high (sampled log-uniform)",
+               "tune.network.hidden_units": "one or more distinct choices, each a list of layer widths >= 1",
+               "tune.network.dropout": "[low, high] with 0 <= low <= high < 1",
+               "tune.network.batch_size": "distinct choices >= 1, or [] for train.batch_size",
+               "tune.xgboost.validation_fraction": "a share of the rows strictly between 0 and 1",
+               "tune.xgboost.max_depth": "[low, high] whole numbers with 1 <= low <= high",
+               "tune.xgboost.n_estimators": "[low, high] whole numbers with 1 <= low <= high",
+               "tune.xgboost.enabled": ("false, or baselines.models including xgboost: the search tunes the xgboost "
+                                        "baseline, which baselines.models leaves out"),
+               "train.trace": ("false while tune.trials > 0: the trace profiles one fit, and a search's fits are "
+                               "its trials (the final model is the best trial's); trace a run without a search"),
+               "train.validation_fraction": ("a share in [0, 1); > 0 while tune.trials > 0: trials are scored on "
+                                             "the validation rows, never on the holdout")}
+        for key in ("learning_rate", "min_child_weight", "reg_lambda"):
+            out[f"tune.xgboost.{key}"] = "[low, high] with 0 < low <= high (sampled log-uniform)"
+        for key in ("subsample", "colsample_bytree"):
+            out[f"tune.xgboost.{key}"] = "[low, high] with 0 < low <= high <= 1"
+        if self.tune.trials > 0 and task and not (task, self.gate.metric or tasks.DEFAULT_GATE_METRIC[task]) \
+                in tasks.VALIDATION_METRICS:
+            out["gate.metric"] = (f"while tune.trials > 0, a metric the network reports per epoch on its validation "
+                                  f"rows, which trials are compared on: one of {usable} for a {task} task")
+        return out
+
+
+def _span(values: tuple) -> bool:
+    """A [low, high] range: two values, low <= high."""
+    return len(values) == 2 and values[0] <= values[1]
 
 
 def _usable_folder(path: str) -> bool:

@@ -119,6 +119,11 @@ class Paths:
         outside a run (no id) writes them under ``runs/_adhoc``."""
         return storage.join(self.root, "runs", run_id or ADHOC, "reports", "trace")
 
+    def tune_dir(self, run_id: str | None) -> str:
+        """The run's hyperparameter search: ``optuna.db``, its SQLite storage by default
+        (``tune.storage``); a step outside a run keeps it under ``runs/_adhoc``."""
+        return storage.join(self.root, "runs", run_id or ADHOC, "tune")
+
     @property
     def checkpoints(self) -> str:
         return storage.join(self.root, "checkpoints")

@@ -112,6 +112,35 @@ DEFAULT_METRICS = {"binary": ("auc", "accuracy"), "multiclass": ("accuracy",), "
 DEFAULT_GATE_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "r2"}
 
 
+#: The network's per-epoch validation metric that stands for a held-out metric while tuning
+#: (``pipelines/tune``): (task, held-out metric) -> (the Keras metric, reported per epoch as
+#: ``val_<name>``; higher is better). r2 on fixed rows is 1 - MSE / their variance, so the
+#: validation RMSE, minimised, orders trials exactly as r2 does. average_precision (binary)
+#: and macro_f1 (multiclass) have no Keras metric here, so a search cannot aim at them.
+VALIDATION_METRICS = {
+    ("binary", "auc"): ("auc", True),
+    ("binary", "accuracy"): ("accuracy", True),
+    ("binary", "log_loss"): ("binary_crossentropy", False),
+    ("multiclass", "accuracy"): ("accuracy", True),
+    ("multiclass", "log_loss"): ("sparse_categorical_crossentropy", False),
+    ("regression", "rmse"): ("rmse", False),
+    ("regression", "mae"): ("mae", False),
+    ("regression", "r2"): ("rmse", False),
+}
+
+
+def validation_metric(metric: str, task: str) -> tuple[str, bool]:
+    """(Keras metric, higher_is_better) a search on a ``task`` network optimises for the
+    held-out ``metric`` ("" = the task's gate default); a clear error where there is none."""
+    resolved, _ = gate_metric(metric, task)
+    found = VALIDATION_METRICS.get((task, resolved))
+    if found is None:
+        usable = [m for (t, m) in VALIDATION_METRICS if t == task]
+        raise ValueError(f"gate.metric {resolved!r} has no per-epoch validation counterpart on a {task} network, so "
+                         f"a search cannot aim at it; tune with gate.metric one of {usable}")
+    return found
+
+
 def holdout_metrics(task: str) -> tuple[str, ...]:
     """The scalar held-out metrics a ``task`` model is evaluated on, in report order."""
     check_task(task)

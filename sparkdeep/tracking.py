@@ -4,7 +4,9 @@ The train step logs the config as params, the per-epoch history as metrics (step
 epoch), the final epoch's metrics, the saved pipeline folder and its report; evaluate adds
 the held-out metrics and the HTML/JSON report. Both steps find the MLflow run by the tag
 ``sparkdeep.run_id``, so five separate step processes (``make run``, Airflow) log into one
-MLflow run. Tags also name every Delta table version the model was trained on.
+MLflow run. Tags also name every Delta table version the model was trained on. A search
+(``tune.trials`` > 0) logs each finished trial as a child run of the train step's run: its
+params, per-epoch metrics and value.
 
 Default store: SQLite at ``<output_dir>/mlflow/mlflow.db`` with artifacts in
 ``<output_dir>/mlflow/artifacts`` (MLflow 3 keeps its plain-file store in maintenance
@@ -25,6 +27,11 @@ from typing import Any
 from sparkdeep.paths import Paths
 
 RUN_TAG = "sparkdeep.run_id"
+# A search trial's child run: its study, and "<study>/<trial number>" (never RUN_TAG: the
+# steps find their own run by that tag).
+STUDY_TAG, TRIAL_TAG = "sparkdeep.tune.study", "sparkdeep.tune.trial"
+#: MLflow's end status of a trial's child run, by Optuna trial state.
+TRIAL_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 
 
 def tracking_uri(cfg, paths: Paths) -> str:
@@ -95,8 +102,52 @@ def _metric(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: str) -> dict | None:
-    """Params, per-epoch metrics, final metrics, lineage tags, the model folder and the report."""
+def step_run(cfg, paths: Paths, run_id: str | None) -> str | None:
+    """The MLflow run of sparkdeep run ``run_id``, made now if there is none (None when
+    tracking is off): the train step asks for it before a search, whose trials become its
+    children, and logs into the same run afterwards (:func:`log_train`'s ``mlflow_run``)."""
+    if not cfg.tracking.enabled:
+        return None
+    client = _client(cfg, paths)
+    return _run_for(client, _experiment_id(client, cfg, paths), run_id, {})
+
+
+def log_trials(cfg, paths: Paths, parent: str, study: str, trials: list[dict]) -> list[str]:
+    """One child run of MLflow run ``parent`` per finished search trial of ``study``: its
+    params, per-epoch metrics (step = epoch), value and duration; end status FINISHED,
+    KILLED (pruned) or FAILED. A trial logged before is skipped, so a resumed search logs
+    each trial once. ``trials``: dicts with number, state, params, value, history,
+    duration_s and optionally error. Returns the new child runs' ids."""
+    from mlflow.entities import Metric, Param, RunTag
+    client = _client(cfg, paths)
+    exp = client.get_run(parent).info.experiment_id
+    logged = {r.data.tags.get(TRIAL_TAG) for r in client.search_runs(
+        [exp], filter_string=f"tags.`{STUDY_TAG}` = '{study}'", max_results=50000)}
+    made = []
+    for t in trials:
+        tag = f"{study}/{t['number']}"
+        if tag in logged or t["state"] not in TRIAL_STATUS:
+            continue
+        child = client.create_run(exp, run_name=f"{study} trial {t['number']}", tags={
+            "mlflow.parentRunId": parent, STUDY_TAG: study, TRIAL_TAG: tag,
+            "sparkdeep.tune.state": t["state"]}).info.run_id
+        metrics = [Metric(k, float(v), 0, int(h["epoch"])) for h in t.get("history") or [] for k, v in h.items()
+                   if k != "epoch" and _metric(v) is not None]
+        for key in ("value", "duration_s"):
+            if _metric(t.get(key)) is not None:
+                metrics.append(Metric(key, float(t[key]), 0, 0))
+        tags = [RunTag("sparkdeep.tune.error", str(t["error"])[:5000])] if t.get("error") else []
+        client.log_batch(child, metrics=metrics, params=[Param(k, str(v)[:6000]) for k, v in t["params"].items()],
+                         tags=tags)
+        client.set_terminated(child, status=TRIAL_STATUS[t["state"]])
+        made.append(child)
+    return made
+
+
+def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: str,
+              mlflow_run: str | None = None) -> dict | None:
+    """Params, per-epoch metrics, final metrics, lineage tags, the model folder and the
+    report, into ``mlflow_run`` (:func:`step_run`'s), else the run found by ``run_id``."""
     if not cfg.tracking.enabled:
         return None
     from mlflow.entities import Metric, Param, RunTag
@@ -108,12 +159,15 @@ def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: st
     from sparkdeep.runs import code_version
     cv = code_version()
     tags.update({"code.package": str(cv.get("package")), "code.git_commit": str(cv.get("git_commit"))})
-    mlflow_run = _run_for(client, exp, run_id, tags)
+    mlflow_run = mlflow_run or _run_for(client, exp, run_id, tags)
     params = {}
-    for section in ("data", "prepare", "train", "baselines", "gate"):
+    for section in ("data", "prepare", "train", "baselines", "gate", "tune"):
         from sparkdeep.runs import config_dict
         _flat(section, config_dict(getattr(cfg, section)), params)
     params["seed"] = str(cfg.seed)
+    searched = {name: s for name, s in (report.get("tune") or {}).items() if isinstance(s, dict) and s.get("best")}
+    for name, search in searched.items():  # what the search chose, beside the config it searched from
+        _flat(f"tuned.{name}", search["best"]["params"], params)
     history = (report.get("keras") or {}).get("history") or []
     metrics = []
     for h in history:
@@ -123,6 +177,9 @@ def log_train(cfg, paths: Paths, run_id: str | None, report: dict, model_dir: st
     final = {f"final_{k}": float(v) for k, v in (history[-1] if history else {}).items()
              if k != "epoch" and _metric(v) is not None}
     final["train_rows"] = float(report.get("rows_in") or 0)
+    for name, search in searched.items():
+        final[f"tune_{name}_best_value"] = float(search["best"]["value"])
+        final[f"tune_{name}_trials"] = float(len(search["trials"]))
     existing = client.get_run(mlflow_run).data.params
     client.log_batch(mlflow_run, metrics=metrics + [Metric(k, v, 0, len(history)) for k, v in final.items()],
                      params=[Param(k, v[:6000]) for k, v in params.items() if k not in existing],

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-JOBS = ["ingest", "prepare", "train", "score", "evaluate", "pipeline"]
+JOBS = ["ingest", "prepare", "train", "tune", "score", "evaluate", "pipeline"]
 
 
 def test_reproduce_help():

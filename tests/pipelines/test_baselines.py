@@ -98,8 +98,8 @@ def test_each_task_gets_mllibs_models_and_xgboost_for_it():
 def test_xgboost_refuses_a_multiclass_training_table_missing_a_class(spark):
     df = spark.createDataFrame([(float(c),) for c in (0, 0, 2, 2)], "label double")
     with pytest.raises(ValueError, match=r"xgboost baseline needs a training row of every class.*\[1\]"):
-        bl._check_xgboost_classes(df)
-    bl._check_xgboost_classes(spark.createDataFrame([(0.0,), (1.0,)], "label double"))
+        bl.check_xgboost_classes(df)
+    bl.check_xgboost_classes(spark.createDataFrame([(0.0,), (1.0,)], "label double"))
 
 
 def test_a_baseline_the_task_lacks_is_named():

@@ -81,6 +81,8 @@ def test_estimator_validates_on_the_driver(cancer):
         KerasHorovodEstimator(modelBuilder="no_such.module:f").fit(cancer)
     with pytest.raises(ValueError, match="batchSize must be >= 1"):
         KerasHorovodEstimator(batchSize=0).fit(cancer)
+    with pytest.raises(ValueError, match="scheduleEpochs must be 0 \\(= epochs\\) or >= epochs=3.*got 2"):
+        KerasHorovodEstimator(epochs=3, scheduleEpochs=2).fit(cancer)
     _, model = untrained_model()
     with pytest.raises(ValueError, match="predictionCol 'label' already exists"):
         model.setPredictionCol("label").transform(cancer)

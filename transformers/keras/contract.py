@@ -29,6 +29,7 @@ class RankSpec:
     warmup_epochs: float
     lr_schedule: str
     epochs: int
+    schedule_epochs: int  # what the learning-rate schedule spans (>= epochs: a fit may stop short of it)
     batch_size: int
     accumulation_steps: int
     compression: str
@@ -54,6 +55,8 @@ class RankSpec:
         for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads", "local_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.schedule_epochs) < int(self.epochs):
+            raise ValueError(f"RankSpec.schedule_epochs must be >= epochs={self.epochs}, got {self.schedule_epochs}")
         if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
             raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
         if self.strategy not in Choices.STRATEGIES:

@@ -67,6 +67,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                  modelArgs: str | dict | None = None, loss: str | None = None,
                  optimizer: str | None = None, learningRate: float | None = None,
                  metrics: list[str] | None = None, numProc: int | None = None, epochs: int | None = None,
+                 scheduleEpochs: int | None = None,
                  batchSize: int | None = None, accumulationSteps: int | None = None,
                  compression: str | None = None, scaleLearningRate: bool | None = None,
                  warmupEpochs: float | None = None, lrSchedule: str | None = None,
@@ -113,6 +114,10 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                                  ("shuffleBufferRows", self.getOrDefault(self.shuffleBufferRows), 1)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        schedule = self.getOrDefault(self.scheduleEpochs)
+        if schedule and schedule < self.getEpochs():
+            raise ValueError(f"scheduleEpochs must be 0 (= epochs) or >= epochs={self.getEpochs()} (the schedule a "
+                             f"fit stopped at epochs follows), got {schedule}")
         if not (math.isfinite(self.getLearningRate()) and self.getLearningRate() > 0):
             raise ValueError(f"learningRate must be a finite number > 0, got {self.getLearningRate()}")
         stall = self.getOrDefault(self.stallTimeout)
@@ -287,7 +292,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             model_bytes=model_bytes, task=task, loss=self.getOrDefault(self.loss).lower(),
             optimizer=self.getOrDefault(self.optimizer), learning_rate=self.getLearningRate(),
             scale_lr=self.getOrDefault(self.scaleLearningRate), warmup_epochs=self.getOrDefault(self.warmupEpochs),
-            lr_schedule=self.getOrDefault(self.lrSchedule), epochs=self.getEpochs(), batch_size=self.getBatchSize(),
+            lr_schedule=self.getOrDefault(self.lrSchedule), epochs=self.getEpochs(),
+            schedule_epochs=self.getScheduleEpochs(), batch_size=self.getBatchSize(),
             accumulation_steps=self.getOrDefault(self.accumulationSteps),
             compression=self.getOrDefault(self.compression), metrics=tuple(self.getOrDefault(self.metrics)),
             early_stopping_patience=self.getOrDefault(self.earlyStoppingPatience), seed=self.getOrDefault(self.seed),

@@ -82,10 +82,11 @@ def add_to_metrics(metrics, y_true, y_pred, weight) -> None:
 
 
 def learning_rates(spec: RankSpec, updates: int) -> list[float]:
-    """The rate of every update of the run, 1 to ``epochs x updates``: the synchronous
-    strategies' schedule (:func:`~.rank_loop.learning_rate_at`), not scaled by the ranks."""
+    """The rate of every update of the schedule, 1 to ``schedule_epochs x updates`` (a fit
+    stopping at ``epochs`` uses the first ``epochs x updates``): the synchronous strategies'
+    schedule (:func:`~.rank_loop.learning_rate_at`), not scaled by the ranks."""
     from .rank_loop import learning_rate_at
-    base, total = float(spec.learning_rate), int(spec.epochs) * updates
+    base, total = float(spec.learning_rate), int(spec.schedule_epochs) * updates
     warmup = int(round(float(spec.warmup_epochs) * updates))
     return [learning_rate_at(u, base, base, warmup, total, spec.lr_schedule) for u in range(1, total + 1)]
 

@@ -98,6 +98,11 @@ class RunParams(Params):
                     typeConverter=TypeConverters.toInt)
     epochs = Param(Params._dummy(), "epochs", "passes over the data, >= 1",
                    typeConverter=TypeConverters.toInt)
+    scheduleEpochs = Param(Params._dummy(), "scheduleEpochs",
+                           "epochs the learning-rate schedule (warm-up, cosine decay) spans; 0 = epochs. A fit "
+                           "may stop short of it (epochs < scheduleEpochs) and a later fit with the same runId and "
+                           "more epochs resume on the one schedule: a search's trial trained in rungs follows the "
+                           "schedule of a fit of scheduleEpochs epochs", typeConverter=TypeConverters.toInt)
     batchSize = Param(Params._dummy(), "batchSize", "rows per step on each rank, >= 1",
                       typeConverter=TypeConverters.toInt)
     accumulationSteps = Param(Params._dummy(), "accumulationSteps",
@@ -144,9 +149,9 @@ class RunParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(numProc=2, epochs=5, batchSize=256, shuffleBufferRows=65536, accumulationSteps=1,
-                         compression="none", scaleLearningRate=True, warmupEpochs=1.0, stallTimeout=120.0,
-                         lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False,
+        self._setDefault(numProc=2, epochs=5, scheduleEpochs=0, batchSize=256, shuffleBufferRows=65536,
+                         accumulationSteps=1, compression="none", scaleLearningRate=True, warmupEpochs=1.0,
+                         stallTimeout=120.0, lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False,
                          traceDir="", traceEpoch=2)
 
     def setNumProc(self, value: int):
@@ -158,11 +163,18 @@ class RunParams(Params):
     def setBatchSize(self, value: int):
         return self._set(batchSize=value)
 
+    def setScheduleEpochs(self, value: int):
+        return self._set(scheduleEpochs=value)
+
     def getNumProc(self) -> int:
         return self.getOrDefault(self.numProc)
 
     def getEpochs(self) -> int:
         return self.getOrDefault(self.epochs)
+
+    def getScheduleEpochs(self) -> int:
+        """The epochs the learning-rate schedule spans (``scheduleEpochs``, or ``epochs`` when 0)."""
+        return self.getOrDefault(self.scheduleEpochs) or self.getEpochs()
 
     def getBatchSize(self) -> int:
         return self.getOrDefault(self.batchSize)

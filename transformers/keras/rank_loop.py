@@ -49,13 +49,17 @@ def _pin_devices() -> str | None:
     return os.environ.get(DEVICES_ENV) or None
 
 
+#: How a rank's error for a non-finite loss begins (a search prunes such a trial: pipelines/tune).
+DIVERGED = "training diverged"
+
+
 def require_finite(record: dict, epoch: int) -> None:
     """Stop training on a non-finite loss, naming the epoch. The epoch's loss is all-reduced,
     so every rank sees the same value and stops at the same point: no rank waits alone."""
     bad = {k: v for k, v in record.items() if k in ("loss", "val_loss") and not math.isfinite(v)}
     if bad:
         raise FloatingPointError(
-            f"training diverged: {', '.join(f'{k}={v}' for k, v in bad.items())} at epoch {epoch} (learning rate "
+            f"{DIVERGED}: {', '.join(f'{k}={v}' for k, v in bad.items())} at epoch {epoch} (learning rate "
             f"{record.get('learning_rate')}); lower learningRate, check the features' scale, or clip gradients")
 
 
@@ -397,7 +401,8 @@ def train_rank(spec: RankSpec) -> RankResult:
     def set_lr() -> float:
         nonlocal update_no
         update_no += 1
-        lr = learning_rate_at(update_no, base_lr, target_lr, warmup, epochs * updates, spec.lr_schedule)
+        lr = learning_rate_at(update_no, base_lr, target_lr, warmup, int(spec.schedule_epochs) * updates,
+                              spec.lr_schedule)
         optimizer.learning_rate.assign(lr)
         return lr
 
