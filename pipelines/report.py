@@ -343,12 +343,13 @@ def timings_figure(walls: dict[str, float]):
 
 
 def time_to_quality_figure(metrics: dict[str, dict], fit_s: dict[str, float | None], metric: str,
-                           higher: bool, network: str = "keras_horovod"):
+                           higher: bool, network: str = "keras_horovod", ax=None, title: str = "Quality against fit time"):
     """Each model's held-out ``metric`` against its fit seconds (log scale): what the
     network costs for what it gains. Models without a fit time or a finite value are left
-    out (the table above still lists them)."""
+    out (the table above still lists them). ``ax``: draw there (one panel of a bench's
+    figure) instead of on a figure of its own."""
     import math
-    fig, ax = _fig(5.6, 3.8)
+    fig, ax = _fig(5.6, 3.8) if ax is None else (ax.figure, ax)
     points = [(n, float(fit_s[n]), float(m[metric])) for n, m in metrics.items()
               if isinstance(fit_s.get(n), (int, float)) and fit_s[n] > 0
               and isinstance(m.get(metric), (int, float)) and math.isfinite(m[metric])]
@@ -359,7 +360,7 @@ def time_to_quality_figure(metrics: dict[str, dict], fit_s: dict[str, float | No
         ax.annotate(f" {name}", (t, v), fontsize=8, va="center")
     ax.set_xscale("log")
     ax.set(xlabel="fit seconds (log scale)", ylabel=f"held-out {metric} ({'higher' if higher else 'lower'} is better)",
-           title="Quality against fit time")
+           title=title)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
