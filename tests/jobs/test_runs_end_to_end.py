@@ -105,7 +105,7 @@ def test_steps_reconcile_and_a_fresh_process_scores_exactly_like_the_saved_model
     assert written == here  # exactly, not approximately
 
     result = json.load(open(full_run / "runs" / "full" / "reports" / "evaluate.json"))
-    assert set(result["metrics"]) == {"keras_horovod", "logistic_regression", "gbt", "random_forest"}
+    assert set(result["metrics"]) == {"keras_horovod", "logistic_regression", "gbt", "random_forest", "xgboost"}
     for name in result["metrics"]:
         assert 0.5 < result["metrics"][name]["auc"] <= 1.0
         assert result["fit_s"][name] > 0
@@ -182,7 +182,7 @@ def test_manifest_names_versions_and_the_model_reproduces_from_them(spark, repo_
     prepared = m["steps"]["prepare"]["outputs"]["train_prepared"]
     assert m["steps"]["train"]["inputs"]["train_prepared"] == prepared
     assert m["steps"]["prepare"]["inputs"]["flights"]["version"] == m["steps"]["ingest"]["outputs"]["flights"]["version"]
-    assert set(m["metrics"]) == {"keras_horovod", "logistic_regression", "gbt", "random_forest"}
+    assert set(m["metrics"]) == {"keras_horovod", "logistic_regression", "gbt", "random_forest", "xgboost"}
 
     runs = delta_io.read(spark, str(full_run / "tables" / "runs")).where("run_id = 'full'").collect()
     assert len(runs) == 1 and runs[0]["status"] == "succeeded"
