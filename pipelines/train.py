@@ -199,17 +199,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
                                            depth=b.depth, max_iter=b.max_iter, workers=t.num_proc,
                                            xgboost_params=xgboost_params)
     summary = keras_model.trainingSummary
-    timings = summary.get("timings_s") or {}
-    if "launch_to_first_step" in timings:  # a fit that trained now (not a finished checkpoint loaded)
-        log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
-                 f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
-                 f"fit total {timings['fit_total']:.1f}s")
-        if summary.get("launch_s"):
-            log.info("[train] launch to first step, part by part: " +
-                     ", ".join(f"{k} {v:.1f}s" for k, v in summary["launch_s"].items()) +
-                     f"; after the last step {timings.get('teardown', 0):.1f}s")
-    log.info("[train] baselines on every assembled feature of every training row, fit time: " +
-             ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))
+    _log_fit(summary, t, fit_s)
     report = {"rows_in": fingerprint["rows"], "train_prepared_version": version, "task": task,
               "network": {"builder": estimator.getModelBuilder() or "mlp", "layout": layout,
                           "batch_size": estimator.getBatchSize(),
@@ -223,6 +213,22 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
         report["tune"] = searches
     return (scoring_pipeline(prepare_model, keras_model, classes),
             baseline, report)
+
+
+def _log_fit(summary: dict, t, fit_s: dict[str, float]) -> None:
+    """The console lines of a fit: the network's launch and training (when it trained now,
+    not a finished checkpoint loaded) and each baseline's fit time."""
+    timings = summary.get("timings_s") or {}
+    if "launch_to_first_step" in timings:
+        log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
+                 f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
+                 f"fit total {timings['fit_total']:.1f}s")
+        if summary.get("launch_s"):
+            log.info("[train] launch to first step, part by part: " +
+                     ", ".join(f"{k} {v:.1f}s" for k, v in summary["launch_s"].items()) +
+                     f"; after the last step {timings.get('teardown', 0):.1f}s")
+    log.info("[train] baselines on every assembled feature of every training row, fit time: " +
+             ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))
 
 
 def training_inputs(run: StepRun, fingerprint: dict, source_table: str) -> dict:
