@@ -18,12 +18,17 @@ prepare-fit and train-fit seconds and the network's input width. Variants:
 - ``embedding_bins``: every column, plus each number's quantile bin (16) embedded;
 - ``embedding_bins_wide``: the same with a 512-256-128 network.
 
-Classification only varies rebalancing; regression is never rebalanced, so its
-rebalancing variants are skipped.
+The variants below start from the config's own prepare and train settings (the defaults
+``make run`` uses), not the pinned ones above, and name every setting issue 26 varies:
 
-    .venv/bin/python bench/ablation_bench.py [--output output] [--fraction 0.3] [--epochs 8] [--only a,b]
-
-Writes bench/results/ablation_<data set>.json and prints a table.
+- ``pre_26_default``: the defaults before issue 26 (correlation selection at |r| > 0.95,
+  numbers standardised, one network);
+- ``every_column``: correlation selection only for near-exact duplicates (|r| > 0.999);
+- ``every_column_periodic_scale01`` / ``every_column_periodic``: numbers also through learned
+  periodic features (``train.numeric_embedding``), frequencies initialised N(0, 0.1) / N(0, 1);
+- ``every_column_periodic_nobins``: the same without the quantile-bin embeddings;
+- ``every_column_periodic_ensemble``: and 8 members sharing the hidden layers (``train.ensemble``);
+- ``every_column_periodic_24_epochs``: three times the epochs.
 """
 from __future__ import annotations
 
@@ -49,6 +54,24 @@ VARIANTS = {
                         "numeric_buckets": 16}, {}),
     "embedding_bins_wide": ({"encoding": "embedding", "pca": False, "rebalance": False, "select": False,
                              "numeric_buckets": 16}, {"hidden_units": (512, 256, 128)}),
+}
+#: A train setting that is not the config's: keyword args for the network builder.
+MODEL_ARGS = "model_args"
+#: variant -> (prepare settings, train settings) over the config's own (not the pinned TRAIN); each
+#: names every setting issue 26 varies, so a variant means the same whatever the defaults are.
+PRE_26 = {"max_correlation": 0.95, "numeric_buckets": 16}
+EVERY = {"max_correlation": 0.999, "numeric_buckets": 16}
+SINGLE = {"numeric_embedding": "none", "ensemble": 0}
+PERIODIC = {"numeric_embedding": "periodic", MODEL_ARGS: {"periodic": {"scale": 1.0}}}
+CONFIG_VARIANTS = {
+    "pre_26_default": (PRE_26, SINGLE),
+    "every_column": (EVERY, SINGLE),
+    "every_column_periodic_scale01": (EVERY, {**SINGLE, "numeric_embedding": "periodic",
+                                              MODEL_ARGS: {"periodic": {"scale": 0.1}}}),
+    "every_column_periodic": (EVERY, {**SINGLE, **PERIODIC}),
+    "every_column_periodic_nobins": ({**EVERY, "numeric_buckets": 0}, {**SINGLE, **PERIODIC}),
+    "every_column_periodic_ensemble": (EVERY, {**SINGLE, **PERIODIC, "ensemble": 8}),
+    "every_column_periodic_24_epochs": (EVERY, {**SINGLE, **PERIODIC, "epochs": 24}),
 }
 #: majorityRatio meaning "keep every row" (the sampler keeps at most this x the smallest class).
 NO_REBALANCE = 1e9
@@ -96,28 +119,40 @@ def main(argv=None) -> int:
     categorical, numeric = prep.feature_columns(train, key)
     metric = tasks.DEFAULT_GATE_METRIC[task]
     t_cfg = dataclasses.replace(cfg.train, **TRAIN, **({"epochs": args.epochs} if args.epochs else {}))
-    wanted = [v for v in args.only.split(",") if v] or list(VARIANTS)
-    unknown = [v for v in wanted if v not in VARIANTS]
+    everything = {**VARIANTS, **CONFIG_VARIANTS}
+    wanted = [v for v in args.only.split(",") if v] or list(everything)
+    unknown = [v for v in wanted if v not in everything]
     if unknown:
-        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(everything)}")
     print(f"{dataset.get('name')} ({task}): {n_train} training rows (fraction {args.fraction}), "
           f"{n_holdout} held out; {t_cfg.epochs} epochs, early stopping patience {t_cfg.early_stopping_patience}",
           flush=True)
 
     results = []
     for name in wanted:
-        p, t = VARIANTS[name]
-        if task == "regression" and p.get("rebalance"):
-            continue
         p_cfg = cfg.prepare
-        select = p.get("select", True)
-        pipeline = prep.build_prepare_pipeline(
-            task=task, categorical=categorical, numeric=numeric, key=key,
-            majority_ratio=REBALANCE if p["rebalance"] else NO_REBALANCE,
-            selector_top_fraction=SELECT_TOP if select else 1.0,
-            max_correlation=p_cfg.max_correlation if select else 1.0,
-            pca_k=p.get("pca_k", p_cfg.pca_k), pca_variance_target=p_cfg.pca_variance_target, seed=cfg.seed,
-            encoding=p["encoding"], pca=p["pca"], numeric_buckets=p.get("numeric_buckets", 0))
+        if name in CONFIG_VARIANTS:
+            p, t = CONFIG_VARIANTS[name]
+            pc = dataclasses.replace(p_cfg, **p)
+            pipeline = prep.build_prepare_pipeline(
+                task=task, categorical=categorical, numeric=numeric, key=key,
+                majority_ratio=pc.majority_ratio, selector_top_fraction=pc.selector_top_fraction,
+                max_correlation=pc.max_correlation, pca_k=pc.pca_k, pca_variance_target=pc.pca_variance_target,
+                seed=cfg.seed, encoding=pc.encoding, pca=pc.pca, numeric_buckets=pc.numeric_buckets)
+            base_train = dataclasses.replace(cfg.train, **({"epochs": args.epochs} if args.epochs else {}))
+        else:
+            p, t = VARIANTS[name]
+            if task == "regression" and p.get("rebalance"):
+                continue
+            select = p.get("select", True)
+            pipeline = prep.build_prepare_pipeline(
+                task=task, categorical=categorical, numeric=numeric, key=key,
+                majority_ratio=REBALANCE if p["rebalance"] else NO_REBALANCE,
+                selector_top_fraction=SELECT_TOP if select else 1.0,
+                max_correlation=p_cfg.max_correlation if select else 1.0,
+                pca_k=p.get("pca_k", p_cfg.pca_k), pca_variance_target=p_cfg.pca_variance_target, seed=cfg.seed,
+                encoding=p["encoding"], pca=p["pca"], numeric_buckets=p.get("numeric_buckets", 0))
+            base_train = t_cfg
         t0 = time.perf_counter()
         prepare_model = pipeline.fit(train)
         prepared = prep.prepared_training_data(prepare_model, train, key).cache()
@@ -125,8 +160,11 @@ def main(argv=None) -> int:
         prepare_s = time.perf_counter() - t0
         width = len(prepared.first()[prep.FEATURES])
         layout = prep.network_layout(prepare_model, prepared)
-        variant_cfg = dataclasses.replace(t_cfg, **t)
-        est = tr.keras_estimator(variant_cfg, task=task, seed=cfg.seed, classes=classes, layout=layout)
+        variant_cfg = dataclasses.replace(base_train, **{k: v for k, v in t.items() if k != MODEL_ARGS})
+        est = tr.keras_estimator(variant_cfg, task=task, seed=cfg.seed, classes=classes, layout=layout,
+                                 rows=rows_prepared)
+        if t.get(MODEL_ARGS):
+            est = est.copy({est.modelArgs: json.dumps({**est.getModelArgs(), **t[MODEL_ARGS]})})
         t0 = time.perf_counter()
         keras_model = est.fit(prepared)
         train_s = time.perf_counter() - t0
@@ -136,7 +174,7 @@ def main(argv=None) -> int:
         m = ev.task_metrics(frame, task, classes)
         frame.unpersist()
         summary = keras_model.trainingSummary
-        row = {"variant": name, metric: m[metric], "metrics": {k: v for k, v in m.items()
+        row = {"variant": name, metric: m[metric], "parameters": int(keras_model.keras_model().count_params()), "metrics": {k: v for k, v in m.items()
                                                                 if isinstance(v, (int, float))},
                "prepare_s": round(prepare_s, 1), "train_s": round(train_s, 1),
                "training_s": summary["timings_s"].get("training"), "epochs_run": len(summary["history"]),

@@ -73,7 +73,8 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
     if layout is not None:
         builder = TABULAR_BUILDERS[task]
         args.update(numeric_dim=int(layout["numeric_dim"]), cardinalities=list(layout["cardinalities"]),
-                    normalization=t.normalization)
+                    normalization=t.normalization, numeric_embedding=t.numeric_embedding,
+                    ensemble=t.ensemble)
     if task == "multiclass":
         if not classes:
             raise ValueError("a multiclass fit needs the class list (the label column's metadata)")

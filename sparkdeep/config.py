@@ -76,6 +76,8 @@ class TrainConfig:
     scale_learning_rate: bool
     warmup_epochs: float
     normalization: str      # tabular network (embedding encoding): layer, batch or none
+    numeric_embedding: str  # tabular network: none or periodic (Choices.NUMERIC_EMBEDDINGS)
+    ensemble: int           # tabular network: members sharing the hidden layers (TabM-mini); 0 or 1 = one network
     lr_schedule: str        # after warm-up: constant or cosine
     shuffle_buffer_rows: int  # each rank's shuffle window (its memory bound), rows
     strategy: str           # how the ranks agree: horovod, collective, local_sgd or parameter_server (Choices.STRATEGIES)
@@ -184,6 +186,8 @@ class Config:
             ("prepare.encoding", self.prepare.encoding in Choices.ENCODINGS),
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
             ("train.normalization", self.train.normalization in Choices.NORMALIZATIONS),
+            ("train.numeric_embedding", self.train.numeric_embedding in Choices.NUMERIC_EMBEDDINGS),
+            ("train.ensemble", 0 <= self.train.ensemble <= 64),
             ("train.lr_schedule", self.train.lr_schedule in Choices.LR_SCHEDULES),
             ("train.shuffle_buffer_rows", self.train.shuffle_buffer_rows >= 1),
             ("train.num_proc", self.train.num_proc >= 1),

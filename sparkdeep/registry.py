@@ -49,6 +49,8 @@ class Choices:
     STRATEGIES = ("horovod", "collective", "local_sgd", "parameter_server")
     ENCODINGS = ("embedding", "onehot")     # prepare: categories as indices for embeddings, or one-hot
     NORMALIZATIONS = ("layer", "batch", "none")  # the tabular network's hidden layers
+    # The tabular network's numbers: as they come (standardised), or also through learned periodic features.
+    NUMERIC_EMBEDDINGS = ("none", "periodic")
     # tune: which trials stop early (pipelines/tune.py): below the median of the finished trials at
     # the same epoch, Optuna's successive halving (asynchronous), or none (every trial runs its epochs).
     PRUNERS = ("median", "successive_halving", "none")

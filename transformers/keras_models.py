@@ -54,6 +54,9 @@ def mlp_regressor(input_dim: int, hidden_units=(64, 32), dropout: float = 0.1, t
     return keras.Model(net.inputs, out, name="mlp_regressor")
 
 
+#: The layer averaging an ensemble's members (its input: each member's prediction).
+ENSEMBLE_MEAN = "ensemble_mean"
+
 # The builder the estimator uses for each task when none is named.
 DEFAULT_BUILDERS = {
     "binary": "sparkdeep.transformers.keras_models:mlp_binary_classifier",
@@ -71,7 +74,8 @@ def embedding_dim(cardinality: int, cap: int = 24) -> int:
 
 
 def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, dropout: float,
-             normalization: str, embedding_cap: int, name: str):
+             normalization: str, embedding_cap: int, numeric_embedding: str = "none",
+             periodic: dict | None = None, ensemble: int = 0):
     """The shared body: the input vector is ``[numeric_dim standardised numbers, one category
     index per categorical column]`` (the prepare pipeline's embedding layout). Each index
     column gets its own ``embedding_dim(cardinality, embedding_cap)``-wide embedding (index
@@ -81,6 +85,13 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     with the numbers, then Dense -> normalisation -> ReLU -> dropout per hidden layer.
     Built-in layers, ops and that registered layer only: the saved ``.keras`` file loads in
     Keras safe mode (:func:`~sparkdeep.transformers.network.keras_from_bytes`).
+
+    ``numeric_embedding="periodic"`` also passes the numbers through
+    :class:`~sparkdeep.transformers._keras_layers.PeriodicEmbeddings` (``periodic`` holds
+    its ``frequencies``, ``dim``, ``scale`` and ``clip``), beside the numbers themselves.
+    ``ensemble`` > 1 turns the hidden layers into that many members sharing their weights
+    (:class:`~sparkdeep.transformers._keras_layers.EnsembleAdapter`: TabM-mini), ``x`` then
+    ``(batch, members, units)``.
 
     Layer normalisation by default: batch normalisation keeps running statistics that
     each Horovod rank would update from its own shard only (no all-reduce), so the
@@ -96,12 +107,18 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
                          f"bucket), got {cards}")
     if normalization not in Choices.NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {', '.join(Choices.NORMALIZATIONS)}, got {normalization!r}")
-    from ._keras_layers import ColumnEmbeddings
+    if numeric_embedding not in Choices.NUMERIC_EMBEDDINGS:
+        raise ValueError(f"numeric_embedding must be one of {', '.join(Choices.NUMERIC_EMBEDDINGS)}, "
+                         f"got {numeric_embedding!r}")
+    from ._keras_layers import ColumnEmbeddings, EnsembleAdapter, PeriodicEmbeddings
 
     inputs = keras.Input(shape=(int(input_dim),), name="features")
     parts = []
     if numeric_dim:
-        parts.append(inputs[:, :numeric_dim])
+        numbers = inputs[:, :numeric_dim]
+        parts.append(numbers)
+        if numeric_embedding == "periodic":
+            parts.append(PeriodicEmbeddings(numeric_dim, **(periodic or {}), name="periodic")(numbers))
     if cards:
         # One layer for all the index columns, one shared table per embedding width (not one
         # Embedding per column: thousands of layers build, save and load slowly). Indices
@@ -113,6 +130,8 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
         dims = [embedding_dim(card, embedding_cap) for card in cards]
         parts.append(ColumnEmbeddings(cards, dims, name="embeddings")(inputs[:, numeric_dim:]))
     x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="numeric_and_embeddings")(parts)
+    if _members(ensemble):
+        x = EnsembleAdapter(_members(ensemble), name="ensemble_adapter")(x)
     for i, units in enumerate(hidden_units):
         x = keras.layers.Dense(int(units), use_bias=normalization == "none", name=f"dense_{i}")(x)
         if normalization == "batch":
@@ -125,41 +144,66 @@ def _tabular(input_dim: int, numeric_dim: int, cardinalities, hidden_units, drop
     return inputs, x
 
 
-def tabular_binary_classifier(input_dim: int, numeric_dim: int, cardinalities=(), hidden_units=(256, 128),
-                              dropout: float = 0.1, normalization: str = "layer", embedding_cap: int = 24):
-    """Embeddings + numeric block + MLP ending in one sigmoid unit: P(label = 1)."""
+def _head(inputs, x, units: int, activation: str, ensemble: int, name: str, target_mean: float = 0.0,
+          target_scale: float = 1.0):
+    """The output: one ``Dense(units, activation)``, or with ``ensemble`` members (``x`` then
+    ``(batch, members, h)``) a linear head per member, the activation, and the members' mean
+    (the layer :data:`ENSEMBLE_MEAN`, whose input the training loop reads to give each
+    member its own loss). A regressor's ``target_mean``/``target_scale`` end it in the target's
+    units, before the mean."""
     import keras
+    from ._keras_layers import EnsembleHeads
+    if ensemble:
+        out = EnsembleHeads(ensemble, units, name="ensemble_heads")(x)
+        if activation != "linear":
+            out = keras.layers.Activation(activation, name="member_probabilities")(out)
+    else:
+        out = keras.layers.Dense(int(units), activation=activation, name="probabilities")(x)
+    if not (target_mean == 0.0 and target_scale == 1.0):
+        out = keras.layers.Rescaling(scale=float(target_scale), offset=float(target_mean), name="target_units")(out)
+    if ensemble:
+        out = keras.layers.GlobalAveragePooling1D(name=ENSEMBLE_MEAN)(out)
+    return keras.Model(inputs, out, name=name)
+
+
+def tabular_binary_classifier(input_dim: int, numeric_dim: int, cardinalities=(), hidden_units=(256, 128),
+                              dropout: float = 0.1, normalization: str = "layer", embedding_cap: int = 24,
+                              numeric_embedding: str = "none", periodic: dict | None = None, ensemble: int = 0):
+    """Embeddings + numeric block + MLP ending in one sigmoid unit: P(label = 1)."""
     inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
-                         embedding_cap, "tabular_binary_classifier")
-    out = keras.layers.Dense(1, activation="sigmoid", name="probabilities")(x)
-    return keras.Model(inputs, out, name="tabular_binary_classifier")
+                         embedding_cap, numeric_embedding, periodic, ensemble)
+    return _head(inputs, x, 1, "sigmoid", _members(ensemble), "tabular_binary_classifier")
 
 
 def tabular_classifier(input_dim: int, num_classes: int, numeric_dim: int, cardinalities=(),
                        hidden_units=(256, 128), dropout: float = 0.1, normalization: str = "layer",
-                       embedding_cap: int = 24):
+                       embedding_cap: int = 24, numeric_embedding: str = "none", periodic: dict | None = None,
+                       ensemble: int = 0):
     """Embeddings + numeric block + MLP ending in ``num_classes`` softmax units."""
-    import keras
     inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
-                         embedding_cap, "tabular_classifier")
-    out = keras.layers.Dense(int(num_classes), activation="softmax", name="probabilities")(x)
-    return keras.Model(inputs, out, name="tabular_classifier")
+                         embedding_cap, numeric_embedding, periodic, ensemble)
+    return _head(inputs, x, int(num_classes), "softmax", _members(ensemble), "tabular_classifier")
 
 
 def tabular_regressor(input_dim: int, numeric_dim: int, cardinalities=(), hidden_units=(256, 128),
                       dropout: float = 0.1, normalization: str = "layer", embedding_cap: int = 24,
+                      numeric_embedding: str = "none", periodic: dict | None = None, ensemble: int = 0,
                       target_mean: float = 0.0, target_scale: float = 1.0):
     """Embeddings + numeric block + MLP ending in one linear unit, in the target's units
     (see :func:`mlp_regressor` for ``target_mean``/``target_scale``)."""
-    import keras
     if not target_scale > 0:
         raise ValueError(f"target_scale must be > 0, got {target_scale}")
     inputs, x = _tabular(input_dim, numeric_dim, cardinalities, hidden_units, dropout, normalization,
-                         embedding_cap, "tabular_regressor")
-    out = keras.layers.Dense(1, activation="linear", name="probabilities")(x)
-    if not (target_mean == 0.0 and target_scale == 1.0):
-        out = keras.layers.Rescaling(scale=float(target_scale), offset=float(target_mean), name="target_units")(out)
-    return keras.Model(inputs, out, name="tabular_regressor")
+                         embedding_cap, numeric_embedding, periodic, ensemble)
+    return _head(inputs, x, 1, "linear", _members(ensemble), "tabular_regressor", target_mean, target_scale)
+
+
+def _members(ensemble) -> int:
+    """0 for a single network (``ensemble`` 0 or 1), else the member count."""
+    k = int(ensemble)
+    if k < 0:
+        raise ValueError(f"ensemble must be >= 0 (0 or 1: one network), got {k}")
+    return k if k > 1 else 0
 
 
 #: The tabular builder for each task (the prepare pipeline's embedding layout).

@@ -53,6 +53,28 @@ def test_the_estimator_takes_an_explicit_batch_or_one_from_the_rows(repo_root):
     assert keras_estimator(ci.train, task="binary", seed=1, rows=43_000).getBatchSize() == ci.train.batch_size == 128
 
 
+def test_the_network_settings_reach_the_tabular_builder(repo_root):
+    """train.numeric_embedding and train.ensemble (issue 26) become the builder's args; the
+    defaults are the ablation's winner: periodic features, one network."""
+    import os
+
+    from sparkdeep.config import load_config
+    from sparkdeep.pipelines.train import keras_estimator
+    from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
+    conf = os.path.join(repo_root, "conf")
+    layout = {"numeric_dim": 3, "cardinalities": [4, 5]}
+    base = load_config(conf)
+    args = keras_estimator(base.train, task="binary", seed=1, rows=1000, layout=layout).getModelArgs()
+    assert (args["numeric_embedding"], args["ensemble"]) == ("periodic", 0)
+    cfg = load_config(conf, overrides=["train.numeric_embedding=none", "train.ensemble=4"])
+    est = keras_estimator(cfg.train, task="multiclass", seed=1, rows=1000, layout=layout, classes=["a", "b", "c"])
+    assert est.getOrDefault(est.modelBuilder) == TABULAR_BUILDERS["multiclass"]
+    assert (est.getModelArgs()["numeric_embedding"], est.getModelArgs()["ensemble"]) == ("none", 4)
+    for bad in ("train.numeric_embedding=fourier", "train.ensemble=-1"):
+        with pytest.raises(Exception, match=bad.split("=")[0]):
+            load_config(conf, overrides=[bad])
+
+
 def test_the_train_job_s_parameter_server_estimator_takes_the_rate_as_given(repo_root):
     """train.scale_learning_rate (default true) is the synchronous strategies' rule; the job
     does not pass it to parameter_server, whose estimator would refuse it."""

@@ -406,3 +406,17 @@ def test_a_model_saved_before_the_keras_package_split_loads_and_scores_the_same(
             # The network computes in float32: scoring through a traced tf.function (issue 25)
             # fuses ops the eager call did not, a few float32 ulps (1.5e-7 at 0.4) apart.
             assert got[key][1] == pred and abs(got[key][0] - p) < 1e-6, (key, got[key], p)
+
+
+@pytest.mark.slow
+def test_columns_named_with_dots_and_backticks_train_and_score(cancer):
+    """A column name is a name, never a path: dots and backticks in the features, label,
+    weight and validation columns' names work in fit and transform."""
+    named = cancer.select(F.col("features").alias("f.eat`s"), F.col("label").alias("la.bel"),
+                          F.lit(1.0).alias("w.t"), (F.col("id") % 10 == 0).alias("is.val"))
+    est = _estimator(featuresCol="f.eat`s", labelCol="la.bel", weightCol="w.t", validationCol="is.val",
+                     validationFraction=0.0, numProc=1, epochs=1)
+    model = est.fit(named)
+    scored = model.transform(named)
+    assert scored.where(F.col("prediction").isNull()).count() == 0
+    assert scored.count() == cancer.count()

@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from sparkdeep import tasks
 from sparkdeep.distributed import run_on_ranks
+from sparkdeep.names import quoted
 from sparkdeep.registry import Choices
 
 from ..keras_models import DEFAULT_BUILDERS
@@ -227,14 +228,14 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
 
         feats = float_arrays(dataset.schema, fcol)
-        cols = [feats.alias(Staged.FEATURES), F.col(lcol).cast("float").alias(Staged.LABEL)]
+        cols = [feats.alias(Staged.FEATURES), F.col(quoted(lcol)).cast("float").alias(Staged.LABEL)]
         if wcol:
-            cols.append(F.col(wcol).cast("float").alias(Staged.WEIGHT))
+            cols.append(F.col(quoted(wcol)).cast("float").alias(Staged.WEIGHT))
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
         if vcol:
-            cols.append(F.coalesce(F.col(vcol), F.lit(False)).alias(Staged.IS_VALIDATION))
+            cols.append(F.coalesce(F.col(quoted(vcol)), F.lit(False)).alias(Staged.IS_VALIDATION))
         elif frac:
-            h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(lcol))
+            h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(quoted(lcol)))
             cols.append((hash_uniform(h) < frac).alias(Staged.IS_VALIDATION))
         staged = dataset.select(*cols)
         # One pass on the driver's orders, before any shard is written or rank started:

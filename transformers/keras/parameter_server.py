@@ -216,7 +216,7 @@ class Coordinator:
         from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
         from .feed import TRAIN, VALIDATION
         from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-        from .rank_loop import EarlyStopping, _class_target, _column_target, require_finite
+        from .rank_loop import EarlyStopping, _class_target, _column_target, objective, require_finite
 
         spec: RankSpec = self.ps.spec
         ps, updates, batch = self.ps, self.updates, self.batch
@@ -243,6 +243,7 @@ class Coordinator:
             load_optimizer_state(optimizer, resume["optimizer_bytes"])
         loss_fn = keras.losses.get(spec.loss)
         target = _class_target if spec.task == "multiclass" else _column_target
+        step_loss = objective(model, loss_fn, target)
         width = int(model.inputs[0].shape[-1])
         record_bytes = 4 * (width + 2)
         lr_table = tf.constant(learning_rates(spec, updates), dtype=tf.float32)
@@ -265,8 +266,7 @@ class Coordinator:
                 read = version.read_value()
                 with tf.control_dependencies([read]):  # the weights are read after the counter
                     with tf.GradientTape() as tape:
-                        pred = model(x, training=True)
-                        loss = tf.reduce_mean(loss_fn(target(y), pred) * w)
+                        loss, pred = step_loss(x, y, w)
                 grads = tape.gradient(loss, model.trainable_variables)
                 optimizer.learning_rate.assign(lr_table[tf.minimum(read, len(lr_table) - 1)])
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))

@@ -27,7 +27,7 @@ HOROVOD_TIMELINE = "horovod-timeline.json"
 
 def _lookup(layer) -> bool:
     """An embedding table: a lookup per sample, no multiply-adds."""
-    return "embedding" in type(layer).__name__.lower()
+    return type(layer).__name__ in ("Embedding", "ColumnEmbeddings")
 
 
 def forward_flops_per_sample(model) -> int:

@@ -150,6 +150,34 @@ def _column_target(yb):
     return yb[:, None]
 
 
+def objective(model, loss_fn, target) -> Callable:
+    """``(x, y, w) -> (loss, prediction)`` of a training step (call it under a gradient tape).
+
+    For an ensemble (a network ending in the layer
+    :data:`~sparkdeep.transformers.keras_models.ENSEMBLE_MEAN`) each member is trained on its
+    own loss, averaged over the members (TabM), not on the loss of the members' mean, which
+    would train them as one network; the prediction the metrics see is the mean."""
+    import keras
+    import tensorflow as tf
+
+    from sparkdeep.transformers.keras_models import ENSEMBLE_MEAN
+    mean = next((layer for layer in model.layers if layer.name == ENSEMBLE_MEAN), None)
+    if mean is None:
+        def single(xb, yb, wb):
+            pred = model(xb, training=True)
+            return tf.reduce_mean(loss_fn(target(yb), pred) * wb), pred
+        return single
+    members_view = keras.Model(model.inputs, mean.input)  # the same layers and weights
+    k = int(mean.input.shape[1])
+
+    def members(xb, yb, wb):
+        each = members_view(xb, training=True)  # (batch, members, outputs)
+        flat = tf.reshape(each, [-1, each.shape[-1]])  # row b * k + j: member j of row b
+        loss = tf.reduce_mean(loss_fn(tf.repeat(target(yb), k, axis=0), flat) * tf.repeat(wb, k, axis=0))
+        return loss, tf.reduce_mean(each, axis=1)
+    return members
+
+
 class Steps:
     """The step. Split in three so each part is timed from Python: local gradients (which
     also update the training metrics; ``tf.function``), the reduction (given: the strategy's,
@@ -165,12 +193,16 @@ class Steps:
         # Integer class labels against k outputs; otherwise one column per row.
         self.target = target = _class_target if task == "multiclass" else _column_target
         self.metrics = metrics = list(metrics)
+        step_loss = objective(model, loss_fn, target)
 
         def gradients(xb, yb, wb):
             with tf.GradientTape() as tape:
-                pred = model(xb, training=True)
-                loss = tf.reduce_mean(loss_fn(target(yb), pred) * wb)
+                loss, pred = step_loss(xb, yb, wb)
             grads = tape.gradient(loss, model.trainable_variables)
+            # A Dense layer on (batch, members, d) inputs (an ensemble) returns its kernel's
+            # gradient without a static shape; the strategies size their payload from it.
+            grads = [g if g is None or isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, v.shape)
+                     for g, v in zip(grads, model.trainable_variables)]
             for m in metrics:
                 m.update_state(target(yb), pred, sample_weight=wb)
             return loss, grads

@@ -11,6 +11,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sparkdeep.names import quoted
+
 from .contract import Staged
 
 log = logging.getLogger(__name__)
@@ -19,9 +21,10 @@ log = logging.getLogger(__name__)
 def float_arrays(schema: T.StructType, fcol: str):
     """The features as ``array<float>`` (what the network sees); a null vector stays null
     (``vector_to_array`` itself fails on null)."""
+    col = F.col(quoted(fcol))  # any name: a dot or a backtick in it is not a path
     if isinstance(schema[fcol].dataType, VectorUDT):
-        return F.when(F.col(fcol).isNotNull(), vector_to_array(F.col(fcol), "float32"))
-    return F.col(fcol).cast("array<float>")
+        return F.when(col.isNotNull(), vector_to_array(col, "float32"))
+    return col.cast("array<float>")
 
 def task_slots(sc, wanted: int, wait_s: float = 60.0) -> int:
     """Tasks Spark can run at once now: the executors' free cores over ``spark.task.cpus``
