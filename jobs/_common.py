@@ -72,6 +72,14 @@ Outputs: <output>/tables (Delta), models/runs/<run_id>/ (each run's models), mod
 Delta table of runs at <output>/tables/runs."""
 
 
+def failed(label: str, exc: BaseException, show_traceback: bool) -> int:
+    """One line naming what failed (the traceback too with ``--traceback``); exit status 1."""
+    if show_traceback:
+        traceback.print_exc()
+    log.error(f"{label}: failed: {error_line(exc)}")
+    return 1
+
+
 def load(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if getattr(args, "dataset", None):

@@ -1,0 +1,70 @@
+"""Export: the promoted scoring pipeline as one Keras model that needs no Spark.
+
+Reads ``models/latest.json`` under the output folder, checks the pipeline it points at,
+and writes ``<output>/export/<run id>/``: ``model.keras`` (Keras 3, loads in safe mode:
+``sparkdeep.pipelines.export.load_export``), ``saved_model/`` (TensorFlow
+SavedModel, ``serving_default`` signature) and ``schema.json`` (the raw inputs under the
+source's names, the outputs, the classes). See :mod:`sparkdeep.pipelines.export`.
+
+  python -m sparkdeep.jobs.export --output-dir output
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from sparkdeep import logs
+from sparkdeep.config import ConfigError, default_conf_dir
+from sparkdeep.jobs._common import add_verbosity, failed, load
+
+# Named, not __name__: under `python -m` this module is "__main__", outside the
+# sparkdeep logger and its handler.
+log = logging.getLogger("sparkdeep.jobs.export")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="exit status: 0 exported, 1 the export failed, 2 bad config or arguments.")
+    p.add_argument("--output-dir", default=None,
+                   help="the output folder whose promoted model is exported (default: config output_dir)")
+    p.add_argument("--to", default=None, metavar="DIR",
+                   help="write the export here instead of <output-dir>/export/<run id> (a local folder)")
+    p.add_argument("--conf-dir", default=str(default_conf_dir()), help="config folder (for Spark settings)")
+    p.add_argument("--env", default=None, help="config overlay under --conf-dir (e.g. local, ci, cluster)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key (repeatable)")
+    p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_verbosity(p)
+    args = p.parse_args(argv)
+    logs.quiet_native(args.verbose)
+    with logs.verbosity(args.quiet, args.verbose) as spark_level:
+        return _export(args, spark_level)
+
+
+def _export(args: argparse.Namespace, spark_level: str) -> int:
+    try:
+        cfg = load(args)
+        from sparkdeep.pipelines.export import export_promoted
+        from sparkdeep.paths import Paths
+        from sparkdeep.session import builder
+        spark = builder(cfg.spark, app_name="sparkdeep-export", quiet=spark_level != "INFO").getOrCreate()
+        spark.sparkContext.setLogLevel(spark_level)
+        info = export_promoted(spark, Paths.under(cfg.output_dir), to=args.to)
+        log.info(f"[export] the {info['task']} pipeline of run {info['run_id']} ({info['source']}) -> "
+                 f"{info['out_dir']}: {info['files']['keras']}, {info['files']['saved_model']}/, schema.json; "
+                 f"{len(info['inputs'])} raw inputs ({', '.join(i['name'] for i in info['inputs'][:8])}"
+                 f"{', ...' if len(info['inputs']) > 8 else ''})")
+        print(json.dumps({"out_dir": info["out_dir"], "run_id": info["run_id"], "task": info["task"]}))
+    except ConfigError as exc:
+        log.error(f"export: config error: {exc}")
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
+        return failed("export", exc, args.traceback)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
