@@ -60,7 +60,7 @@ def test_a_run_trains_on_its_own_prepare_model_and_promotes_it(spark, repo_root,
     from sparkdeep.pipelines.prepare import embedding_layout
     layout = embedding_layout(model_store.load_pipeline(spark, m["models"]["pipeline"]))
     bins = [n for c, n in zip(layout["categorical"], layout["cardinalities"]) if c.endswith("(bins)")]
-    assert max(bins) == 17  # 16 quantile bins + the NaN bucket: not "other"'s 4
+    assert bins == []  # prepare.numeric_buckets 0 by default: not "other"'s 4 bins (5 with the NaN bucket)
     latest = json.load(open(full_run / "models" / "latest.json"))
     assert latest["run_id"] == "full" and m["promoted"] == latest
     assert latest["models"]["pipeline"]["path"] == m["models"]["pipeline"]
