@@ -281,6 +281,10 @@ def network_params(trial: optuna.Trial, space) -> dict:
               "dropout": trial.suggest_float("dropout", *space.dropout)}
     if space.batch_size:
         params["batch_size"] = trial.suggest_categorical("batch_size", list(space.batch_size))
+    if space.numeric_embedding:
+        params["numeric_embedding"] = trial.suggest_categorical("numeric_embedding", list(space.numeric_embedding))
+    if space.ensemble:
+        params["ensemble"] = trial.suggest_categorical("ensemble", list(space.ensemble))
     return params
 
 
@@ -293,7 +297,9 @@ def trial_train_config(train_cfg, params: dict, aim: dict, task: str):
     return dataclasses.replace(
         train_cfg, learning_rate=float(params["learning_rate"]), dropout=float(params["dropout"]),
         hidden_units=tuple(int(u) for u in str(params["hidden_units"]).split("-")),
-        batch_size=int(params.get("batch_size", train_cfg.batch_size)), metrics=metrics)
+        batch_size=int(params.get("batch_size", train_cfg.batch_size)),
+        numeric_embedding=str(params.get("numeric_embedding", train_cfg.numeric_embedding)),
+        ensemble=int(params.get("ensemble", train_cfg.ensemble)), metrics=metrics)
 
 
 def kept_epoch(history: list[dict], stopped_early: bool) -> dict:

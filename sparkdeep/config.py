@@ -103,6 +103,8 @@ class NetworkSpace:
     hidden_units: tuple[tuple[int, ...], ...]  # layer-width choices
     dropout: tuple[float, ...]              # [low, high], uniform
     batch_size: tuple[int, ...]             # choices; () = train.batch_size
+    numeric_embedding: tuple[str, ...]      # choices; () = train.numeric_embedding
+    ensemble: tuple[int, ...]               # choices; () = train.ensemble
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,6 +281,10 @@ class Config:
             ("tune.network.dropout", _span(net.dropout) and 0 <= net.dropout[0] and net.dropout[1] < 1),
             ("tune.network.batch_size", all(b >= 1 for b in net.batch_size) and
              len(set(net.batch_size)) == len(net.batch_size)),
+            ("tune.network.numeric_embedding", all(e in Choices.NUMERIC_EMBEDDINGS for e in net.numeric_embedding)
+             and len(set(net.numeric_embedding)) == len(net.numeric_embedding)),
+            ("tune.network.ensemble", all(0 <= k <= 64 for k in net.ensemble) and
+             len(set(net.ensemble)) == len(net.ensemble)),
             ("tune.xgboost.validation_fraction", 0 < xgb.validation_fraction < 1),
             ("tune.xgboost.max_depth", _span(xgb.max_depth) and xgb.max_depth[0] >= 1),
             ("tune.xgboost.learning_rate", _span(xgb.learning_rate) and xgb.learning_rate[0] > 0),
@@ -310,6 +316,9 @@ class Config:
                "tune.network.hidden_units": "one or more distinct choices, each a list of layer widths >= 1",
                "tune.network.dropout": "[low, high] with 0 <= low <= high < 1",
                "tune.network.batch_size": "distinct choices >= 1, or [] for train.batch_size",
+               "tune.network.numeric_embedding": (f"distinct choices among {list(Choices.NUMERIC_EMBEDDINGS)}, "
+                                                  "or [] for train.numeric_embedding"),
+               "tune.network.ensemble": "distinct choices from 0 to 64, or [] for train.ensemble",
                "tune.xgboost.validation_fraction": "a share of the rows strictly between 0 and 1",
                "tune.xgboost.max_depth": "[low, high] whole numbers with 1 <= low <= high",
                "tune.xgboost.n_estimators": "[low, high] whole numbers with 1 <= low <= high",

@@ -33,7 +33,7 @@ from sparkdeep.transformers.keras.rank_loop import learning_rate_at
 SMALL = ["train.num_proc=2", "train.epochs=2", "train.batch_size=32", "train.validation_fraction=0.25",
          "train.early_stopping_patience=0", "tune.trials=3", "tune.pruner=none", "tune.startup_trials=1",
          "tune.network.hidden_units=[[8], [16]]", "tune.network.learning_rate=[0.001, 0.05]",
-         "tune.network.dropout=[0.0, 0.2]"]
+         "tune.network.dropout=[0.0, 0.2]", "tune.network.numeric_embedding=[]"]
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +259,27 @@ def test_xgboost_is_tuned_with_the_same_budget_and_its_best_settings_reach_the_s
         bl.estimator("xgboost", "binary", seed=1, xgboost_params={"callbacks": []})
 
 
+def test_the_numeric_embedding_and_ensemble_choices_reach_the_trial_fit_and_empty_choices_keep_train_s(
+        repo_root, tmp_path):
+    cfg = config(repo_root, tmp_path, "tune.network.numeric_embedding=[periodic, none]",
+                 "tune.network.ensemble=[0, 4]")
+    aim = tune.network_aim("", "binary", cfg.train)
+    trial = optuna.trial.FixedTrial({"learning_rate": 0.01, "hidden_units": "8", "dropout": 0.1,
+                                     "numeric_embedding": "none", "ensemble": 4})
+    params = tune.network_params(trial, cfg.tune.network)
+    assert params["numeric_embedding"] == "none" and params["ensemble"] == 4
+    fitted = tune.trial_train_config(cfg.train, params, aim, "binary")
+    assert (fitted.numeric_embedding, fitted.ensemble, fitted.hidden_units) == ("none", 4, (8,))
+    assert cfg.train.numeric_embedding == "periodic"  # the search's choice, not train's
+
+    fixed = config(repo_root, tmp_path)  # SMALL: numeric_embedding [] and ensemble [] = train's
+    params = tune.network_params(optuna.trial.FixedTrial(
+        {"learning_rate": 0.01, "hidden_units": "8", "dropout": 0.1}), fixed.tune.network)
+    assert "numeric_embedding" not in params and "ensemble" not in params
+    kept = tune.trial_train_config(fixed.train, params, aim, "binary")
+    assert (kept.numeric_embedding, kept.ensemble) == (fixed.train.numeric_embedding, fixed.train.ensemble)
+
+
 @pytest.mark.parametrize("override, key", [
     ("tune.trials=-1", "tune.trials"),
     ("tune.pruner=hyperband", "tune.pruner"),
@@ -268,6 +289,9 @@ def test_xgboost_is_tuned_with_the_same_budget_and_its_best_settings_reach_the_s
     ("tune.network.hidden_units=[]", "tune.network.hidden_units"),
     ("tune.network.dropout=[0.1, 1.0]", "tune.network.dropout"),
     ("tune.network.batch_size=[64, 64]", "tune.network.batch_size"),
+    ("tune.network.numeric_embedding=[periodic, linear]", "tune.network.numeric_embedding"),
+    ("tune.network.numeric_embedding=[none, none]", "tune.network.numeric_embedding"),
+    ("tune.network.ensemble=[0, 65]", "tune.network.ensemble"),
     ("tune.xgboost.validation_fraction=1.0", "tune.xgboost.validation_fraction"),
     ("tune.xgboost.max_depth=[0, 4]", "tune.xgboost.max_depth"),
     ("tune.xgboost.subsample=[0.5, 1.5]", "tune.xgboost.subsample"),
