@@ -1,9 +1,10 @@
 """Serve: score rows over HTTP with an export, no Spark (issue 27).
 
 Runs :func:`sparkdeep.pipelines.serve.create_app` under uvicorn: ``POST /predict``,
-``GET /health``, ``GET /schema``. The export is an ``--export`` folder, or the newest one
-under ``<output-dir>/export/`` (the export job writes ``export/<run id>/``; newest by the
-time its ``schema.json`` was written). Ctrl-C or SIGTERM lets the requests under way
+``GET /health``, ``GET /schema``. The export is an ``--export`` folder, or, under
+``<output-dir>/export/`` (the export job writes ``export/<run id>/``), the promoted model's
+(``models/latest.json``); with no model promoted there, the newest (by the time its
+``schema.json`` was written). Ctrl-C or SIGTERM lets the requests under way
 finish, then the process exits 0.
 
   python -m sparkdeep.jobs.serve --output-dir output --port 8080
@@ -19,7 +20,9 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.jobs._common import add_verbosity, failed
-from sparkdeep.pipelines.export import EXPORT_DIR, SCHEMA_FILE
+from sparkdeep.paths import Paths, read_json
+from sparkdeep.pipelines.export import EXPORT_DIR, SCHEMA_FILE, promoted_export_id
+from sparkdeep.registry import Models
 from sparkdeep.pipelines.serve import ServeOptions
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "way, 1 the server failed, 2 bad arguments or no export at the path.")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--export", metavar="DIR", help="the export folder to serve (model.keras, schema.json)")
-    where.add_argument("--output-dir", metavar="OUT", help="serve the newest export under OUT/export/")
+    where.add_argument("--output-dir", metavar="OUT", help="serve the promoted model's export under OUT/export/ (the newest when none is promoted)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="the port (default: %(default)s)")
     p.add_argument("--max-batch-rows", type=int, default=defaults.max_batch_rows,
@@ -62,18 +65,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def find_export(export: str | None, output_dir: str | None) -> str:
-    """The export folder to serve: ``export`` itself, or the newest under ``output_dir``."""
+    """The export folder to serve: ``export`` itself; else, under ``output_dir``, the export
+    of the promoted model (``models/latest.json``), or the newest export when none is promoted."""
     if export is not None:
         if not os.path.isfile(os.path.join(export, SCHEMA_FILE)):
             raise BadPath(f"--export {export!r} holds no {SCHEMA_FILE}: give a folder the export job wrote "
                           f"(<output>/{EXPORT_DIR}/<run id>)")
         return os.path.abspath(export)
     root = os.path.join(output_dir, EXPORT_DIR)
+    run_export = f"`python -m sparkdeep.jobs.export --output-dir {output_dir}`"
+    latest = read_json(Paths.under(output_dir).latest)
+    if latest and Models.PIPELINE in latest.get("models", {}):
+        folder = os.path.join(root, promoted_export_id(latest))
+        if not os.path.isfile(os.path.join(folder, SCHEMA_FILE)):
+            # Never an older model's export in the promoted one's place.
+            raise BadPath(f"--output-dir {output_dir!r}: the promoted model (run {latest['run_id']!r}) has no "
+                          f"export at {folder}: run {run_export}, or name a folder with --export")
+        return os.path.abspath(folder)
     found = [os.path.join(root, d) for d in (os.listdir(root) if os.path.isdir(root) else [])
              if not d.startswith(".") and os.path.isfile(os.path.join(root, d, SCHEMA_FILE))]
     if not found:
-        raise BadPath(f"--output-dir {output_dir!r} has no export under {root}: run "
-                      f"`python -m sparkdeep.jobs.export --output-dir {output_dir}` first")
+        raise BadPath(f"--output-dir {output_dir!r} has no export under {root}: run {run_export} first")
     return os.path.abspath(max(found, key=lambda d: os.path.getmtime(os.path.join(d, SCHEMA_FILE))))
 
 

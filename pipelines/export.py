@@ -572,6 +572,17 @@ def raw_schema_of(table_schema):
                          for f in table_schema.fields])
 
 
+def promoted_export_id(latest: dict) -> str:
+    """The export folder's name for the model ``models/latest.json`` (``latest``) promotes:
+    its run id, or ``<run id>.g<n>`` for a ``--force`` generation n > 0 (saved under
+    ``models/runs/<run id>/<n>/pipeline``), which is another model."""
+    from sparkdeep.registry import Models
+    run_id = latest["run_id"]
+    parts = latest["models"][Models.PIPELINE]["path"].rstrip("/").split("/")
+    generation = int(parts[-2]) if len(parts) > 3 and parts[-2].isdigit() and parts[-3] == run_id else 0
+    return f"{run_id}.g{generation}" if generation else run_id
+
+
 def export_promoted(spark, paths, to: str | None = None) -> dict:
     """Export the promoted scoring pipeline (``models/latest.json``) to ``to``, by default
     ``<output>/export/<run id>/`` (``<run id>.g<n>`` for a ``--force`` generation n > 0).
@@ -592,10 +603,7 @@ def export_promoted(spark, paths, to: str | None = None) -> dict:
     if digest != ref["digest"]:
         raise ValueError(f"the promoted model at {ref['path']} is not the one run {run_id!r} recorded (digest "
                          f"{digest[:12]}, recorded {ref['digest'][:12]}): it was replaced since; refusing to export it")
-    # A --force generation n > 0 of the run (models/runs/<run id>/<n>/pipeline) is another model.
-    parts = ref["path"].rstrip("/").split("/")
-    generation = int(parts[-2]) if len(parts) > 3 and parts[-2].isdigit() and parts[-3] == run_id else 0
-    export_id = f"{run_id}.g{generation}" if generation else run_id
+    export_id = promoted_export_id(latest)
     if to is None:
         if not storage.is_local(paths.root):
             raise ValueError(f"the output folder {paths.root} is not local and an export is written with local "
@@ -706,4 +714,4 @@ def load_export(out_dir: str) -> ExportedModel:
 
 
 __all__ = ["ExportedModel", "RawColumn", "UnsupportedStageError", "build_model", "export_pipeline", "export_promoted",
-           "load_export", "raw_columns", "raw_schema_of"]
+           "load_export", "promoted_export_id", "raw_columns", "raw_schema_of"]

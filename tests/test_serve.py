@@ -327,6 +327,25 @@ def test_the_job_finds_the_newest_export_under_the_output_folder(served, tmp_pat
     assert serve_job.find_export(None, str(tmp_path)) == str(tmp_path / "export" / "r1")
 
 
+def test_the_job_serves_the_promoted_models_export_not_a_newer_one(served, tmp_path, capsys):
+    import json
+    import shutil
+    for i, name in enumerate(["promoted", "later.g2"]):
+        shutil.copytree(served["binary"]["dir"], tmp_path / "export" / name)
+        os.utime(tmp_path / "export" / name / "schema.json", (1000 + i, 1000 + i))
+    latest = tmp_path / "models" / "latest.json"
+    latest.parent.mkdir()
+    latest.write_text(json.dumps({"run_id": "promoted", "models": {
+        "pipeline": {"path": str(tmp_path / "models" / "runs" / "promoted" / "pipeline"), "digest": "x"}}}))
+    assert serve_job.find_export(None, str(tmp_path)) == str(tmp_path / "export" / "promoted")
+    # A --force generation is another model: its own export, or a refusal, never the run's first one.
+    latest.write_text(json.dumps({"run_id": "promoted", "models": {
+        "pipeline": {"path": str(tmp_path / "models" / "runs" / "promoted" / "3" / "pipeline"), "digest": "x"}}}))
+    assert serve_job.main(["--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the promoted model (run 'promoted') has no export" in err and "promoted.g3" in err
+
+
 @pytest.mark.slow
 def test_the_job_serves_in_its_own_process_and_drains_on_sigterm(served):
     s = served["regression"]

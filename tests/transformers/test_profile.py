@@ -31,6 +31,17 @@ def test_the_flops_estimate_counts_matrices_twice_vectors_once_and_lookups_not_a
     assert training_flops_per_sample(model) == 3 * forward_flops_per_sample(model)
 
 
+def test_an_ensembles_shared_layers_count_once_per_member_and_its_own_weights_once():
+    from sparkdeep.transformers.keras_models import tabular_regressor
+    kw = dict(input_dim=6, numeric_dim=4, cardinalities=(10, 7), hidden_units=(16, 8), dropout=0.0)
+    # embeddings 5 + 6 wide (free) beside 4 numbers: 15 values into the hidden layers
+    hidden = 2 * 15 * 16 + 2 * 16 + 2 * 16 * 8 + 2 * 8  # dense_0, norm_0, dense_1, norm_1 (no bias before a norm)
+    assert forward_flops_per_sample(tabular_regressor(**kw)) == hidden + 2 * 8 + 1
+    # 4 members: the adapter's 4 x 15 scales (a multiply each) and the heads' 4 x (8 x 1 + 1) once,
+    # the shared layers 4 times
+    assert forward_flops_per_sample(tabular_regressor(**kw, ensemble=4)) == 60 + 4 * hidden + (2 * 32 + 4)
+
+
 def test_the_fused_step_trains_and_stamps_its_parts(tmp_path):
     """One graph call per update (gradients, reduction, update), its parts timed by
     tf.timestamp inside the graph; the five parts add up to the loop's wall time."""

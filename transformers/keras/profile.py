@@ -30,24 +30,48 @@ def _lookup(layer) -> bool:
     return type(layer).__name__ in ("Embedding", "ColumnEmbeddings")
 
 
+#: Weights applied one value each (added or multiplied elementwise) whatever their shape:
+#: the ensemble heads' per-member bias, the ensemble adapter's per-member scales.
+_ELEMENTWISE = frozenset({"bias", "scales"})
+
+
 def forward_flops_per_sample(model) -> int:
     """Floating-point operations of one sample's forward pass, estimated from the weights:
     2 per weight of a matrix (a multiply and an add; dense and einsum layers) and 1 per
-    weight of a vector (bias, normalisation scale and offset); embedding tables cost none.
-    Exact for dense networks up to activations and normalisation statistics (a few per
-    unit); a convolution's kernel is counted once, not once per position (an underestimate)."""
+    weight of a vector or applied elementwise (bias, normalisation scale and offset, an
+    ensemble's member scales); embedding tables cost none.
+    A layer shared by an ensemble's members (after an ``EnsembleAdapter``: its input has a
+    members axis) runs once per member. Exact for dense networks up to activations and
+    normalisation statistics (a few per unit); a convolution's kernel is counted once, not
+    once per position (an underestimate)."""
     total = 0
     layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
               if not list(layer._flatten_layers(include_self=False, recursive=False))]
+    members = max([int(layer.members) for layer in layers if type(layer).__name__ == "EnsembleAdapter"] or [0])
     for layer in layers:
         if _lookup(layer):
             continue
+        weights = 0
         for w in layer.weights:
             n = 1
             for d in w.shape:
                 n *= int(d)
-            total += 2 * n if len(w.shape) >= 2 else n
+            weights += 2 * n if len(w.shape) >= 2 and w.name not in _ELEMENTWISE else n
+        total += weights * _member_runs(layer, members)
     return total
+
+
+def _member_runs(layer, members: int) -> int:
+    """How many times a layer's weights are applied per sample: once per ensemble member
+    when its input carries the members axis and its weights are shared (not a layer of the
+    ensemble's own, whose weights are already one set per member); else once."""
+    if members < 2 or hasattr(layer, "members"):
+        return 1
+    try:
+        shape = layer.input.shape
+    except (AttributeError, ValueError):  # a layer called more than once, or never
+        return 1
+    return members if len(shape) == 3 and shape[1] == members else 1
 
 
 def training_flops_per_sample(model) -> int:
