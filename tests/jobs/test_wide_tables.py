@@ -224,6 +224,25 @@ spark.stop()
                                rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
+def test_the_export_scores_the_raw_rows_without_spark_as_the_score_step_did(spark, wide_run, tmp_path):
+    """1,000 raw inputs under their source names (dots, spaces, ``=``, non-ASCII): the
+    exported Keras model, loaded in safe mode, gives the score step's probabilities."""
+    from sparkdeep import model_store
+    from sparkdeep.pipelines.export import export_pipeline, load_export, raw_schema_of
+    paths = wide_run["paths"]
+    holdout = delta_io.read(spark, paths.table("holdout"))
+    export_pipeline(model_store.load_pipeline(spark, paths.model("pipeline", None)), str(tmp_path / "export"),
+                    raw_schema=raw_schema_of(holdout.schema))
+    exported = load_export(str(tmp_path / "export"))
+    names_in = [e["name"] for e in exported.schema["inputs"]]
+    assert "x.GENE0" in names_in and "a=b4" in names_in and "größe_3" in names_in and "y (target)" not in names_in
+    preds = delta_io.read(spark, wide_run["paths"].table("predictions")).toPandas().set_index("row id")
+    rows = wide_run["pdf"].set_index("row id").loc[preds.index].reset_index().drop(columns=["y (target)"])
+    p1 = exported.predict(rows)
+    np.testing.assert_allclose(p1, preds["probability"].to_numpy(), rtol=1e-5, atol=1e-6)
+
+
 def _ddl_of(run) -> str:
     return ddl(run["pdf"])
 
