@@ -6,7 +6,15 @@ and writes ``<output>/export/<run id>/``: ``model.keras`` (Keras 3, loads in saf
 SavedModel, ``serving_default`` signature) and ``schema.json`` (the raw inputs under the
 source's names, the outputs, the classes). See :mod:`sparkdeep.pipelines.export`.
 
+With tracking on, the export is also logged as an MLflow model (pyfunc, signature on the
+raw columns, :mod:`sparkdeep.pipelines.mlflow_model`) of the MLflow run the promoted model
+was trained in, named ``export_model``; its ``models:/`` and ``runs:/`` URIs are printed.
+By default only when that run exists (a model trained with tracking off is exported
+without); ``--mlflow`` logs it always (into a new run tagged with the run id if need
+be), ``--no-mlflow`` never.
+
   python -m sparkdeep.jobs.export --output-dir output
+  mlflow.pyfunc.load_model("models:/<model id>").predict(pandas_df)   # tracking URI set
 """
 from __future__ import annotations
 
@@ -36,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default=None, help="config overlay under --conf-dir (e.g. local, ci, cluster)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key (repeatable)")
+    p.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=None,
+                   help="log the export as an MLflow model of the promoted model's MLflow run (default: when "
+                        "tracking is on and that run exists; --mlflow: always, --no-mlflow: never)")
     p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
     add_verbosity(p)
     args = p.parse_args(argv)
@@ -47,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 def _export(args: argparse.Namespace, spark_level: str) -> int:
     try:
         cfg = load(args)
+        if args.mlflow and not cfg.tracking.enabled:
+            raise ConfigError("--mlflow needs tracking on (tracking.enabled: true)")
         from sparkdeep.pipelines.export import export_promoted
         from sparkdeep.paths import Paths
         from sparkdeep.session import builder
@@ -57,13 +70,34 @@ def _export(args: argparse.Namespace, spark_level: str) -> int:
                  f"{info['out_dir']}: {info['files']['keras']}, {info['files']['saved_model']}/, schema.json; "
                  f"{len(info['inputs'])} raw inputs ({', '.join(i['name'] for i in info['inputs'][:8])}"
                  f"{', ...' if len(info['inputs']) > 8 else ''})")
-        print(json.dumps({"out_dir": info["out_dir"], "run_id": info["run_id"], "task": info["task"]}))
+        result = {"out_dir": info["out_dir"], "run_id": info["run_id"], "task": info["task"]}
+        logged = _log_mlflow(cfg, Paths.under(cfg.output_dir), info, args.mlflow)
+        if logged:
+            result["mlflow"] = {k: logged[k] for k in ("model_uri", "run_uri", "mlflow_run_id", "uri")}
+        print(json.dumps(result))
     except ConfigError as exc:
         log.error(f"export: config error: {exc}")
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         return failed("export", exc, args.traceback)
     return 0
+
+
+def _log_mlflow(cfg, paths, info: dict, wanted: bool | None) -> dict | None:
+    """The export logged as an MLflow model (:func:`log_mlflow_model`), or None: not wanted,
+    or (by default) tracking off or no MLflow run of the promoted model's run."""
+    from sparkdeep import tracking
+    if wanted is False or not cfg.tracking.enabled:
+        return None
+    mlflow_run = tracking.existing_run(cfg, paths, info["run_id"])
+    if mlflow_run is None and not wanted:
+        log.info(f"[export] no MLflow run of run {info['run_id']} (trained with tracking off?): the MLflow model "
+                 "is not logged; --mlflow logs it into a new run")
+        return None
+    from sparkdeep.pipelines.mlflow_model import log_mlflow_model
+    logged = log_mlflow_model(cfg, paths, info["run_id"], info["out_dir"], mlflow_run=mlflow_run)
+    log.info(f"[export] MLflow model {logged['model_uri']} ({logged['run_uri']}) in {logged['uri']}")
+    return logged
 
 
 if __name__ == "__main__":

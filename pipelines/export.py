@@ -640,7 +640,9 @@ class ExportedModel:
                                f"{[i['name'] for i in self.schema['inputs']]}")
             values = frame[name].to_numpy(dtype=object)
             if e["type"] == STRING:
-                strings = np.array([_as_string(v, e["null_value"]) for v in values], dtype=object)
+                # An integer source's column turns float64 in pandas once it holds a null: 3.0 is 3.
+                integral = str(e.get("raw_type", "")).split("(")[0] in _INTEGRAL_TYPES
+                strings = np.array([_as_string(v, e["null_value"], integral) for v in values], dtype=object)
                 out[e["keras_name"]] = tf.constant(strings.astype(str).reshape(-1, 1) if len(strings)
                                                    else np.zeros((0, 1), dtype=str))
             else:
@@ -684,12 +686,15 @@ def _is_null(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and bool(np.isnan(v)))
 
 
-def _as_string(v, null: str) -> str:
-    """A categorical value as Spark casts it to a string (a boolean as true/false)."""
+def _as_string(v, null: str, integral: bool = False) -> str:
+    """A categorical value as Spark casts it to a string (a boolean as true/false; a whole
+    float of an integer source as the integer)."""
     if _is_null(v):
         return null
     if isinstance(v, (bool, np.bool_)):
         return "true" if v else "false"
+    if integral and isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
     return v if isinstance(v, str) else str(v)
 
 

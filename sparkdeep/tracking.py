@@ -55,12 +55,15 @@ def _experiment_id(client, cfg, paths: Paths) -> str:
     return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
 
 
+def _find_run(client, experiment_id: str, run_id: str) -> str | None:
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
 def _run_for(client, experiment_id: str, run_id: str | None, tags: dict) -> str:
-    if run_id:
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'",
-                                   max_results=1)
-        if found:
-            return found[0].info.run_id
+    found = _find_run(client, experiment_id, run_id) if run_id else None
+    if found:
+        return found
     return client.create_run(experiment_id, run_name=run_id or None,
                              tags={RUN_TAG: run_id or "adhoc", **tags}).info.run_id
 
@@ -209,3 +212,49 @@ def log_evaluate(cfg, paths: Paths, run_id: str | None, result: dict, files: lis
             client.log_artifact(mlflow_run, copy, artifact_path="reports")
     client.set_terminated(mlflow_run, status="FINISHED")
     return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
+
+
+def existing_run(cfg, paths: Paths, run_id: str | None) -> str | None:
+    """The MLflow run of sparkdeep run ``run_id`` if there is one; None when tracking is
+    off, when there is none, or when the default local store was never made (it is not
+    made here: a step that only looks leaves no empty store behind)."""
+    if not cfg.tracking.enabled or not run_id:
+        return None
+    if not cfg.tracking.uri and not os.path.exists(os.path.join(paths.root, "mlflow", "mlflow.db")):
+        return None
+    client = _client(cfg, paths)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    return None if exp is None else _find_run(client, exp.experiment_id, run_id)
+
+
+def log_model(cfg, paths: Paths, run_id: str | None, save, *, name: str, mlflow_run: str | None = None) -> dict | None:
+    """An MLflow model (an MLflow 3 logged model named ``name``) of the MLflow run
+    ``mlflow_run``, else sparkdeep run ``run_id``'s (made if there is none).
+
+    ``save(folder, ids)`` writes the MLflow model folder ``folder`` (a temporary local one);
+    ``ids`` holds ``model_id``, ``run_id`` and ``artifact_location`` for its ``MLmodel``.
+    The model is READY once its files are logged, FAILED if ``save`` or the upload fails.
+    Returns the tracking URI, the ids and ``model_uri`` (``models:/<model id>``) and
+    ``run_uri`` (``runs:/<MLflow run id>/<name>``), both loadable with
+    ``mlflow.pyfunc.load_model``. None when tracking is off."""
+    if not cfg.tracking.enabled:
+        return None
+    from mlflow.entities import LoggedModelOutput
+    client = _client(cfg, paths)
+    exp = _experiment_id(client, cfg, paths)
+    mlflow_run = mlflow_run or _run_for(client, exp, run_id, {})
+    model = client.create_logged_model(exp, name=name, source_run_id=mlflow_run, tags={RUN_TAG: run_id or "adhoc"})
+    try:
+        with tempfile.TemporaryDirectory(prefix="sparkdeep-mlflow-model-") as tmp:
+            folder = os.path.join(tmp, name)
+            save(folder, {"model_id": model.model_id, "run_id": mlflow_run,
+                          "artifact_location": model.artifact_location})
+            client.log_model_artifacts(model.model_id, folder)
+        client.log_outputs(mlflow_run, [LoggedModelOutput(model.model_id, step=0)])
+    except BaseException:
+        client.finalize_logged_model(model.model_id, "FAILED")
+        raise
+    client.finalize_logged_model(model.model_id, "READY")
+    return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run,
+            "model_id": model.model_id, "model_uri": f"models:/{model.model_id}",
+            "run_uri": f"runs:/{mlflow_run}/{name}"}
