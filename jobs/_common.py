@@ -28,15 +28,10 @@ Step = Callable[..., dict]
 def parser(name: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m sparkdeep.jobs.{name}", description=description,
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--conf-dir", default=str(default_conf_dir()),
-                   help="config folder holding base/ and the overlays (default: %(default)s)")
-    p.add_argument("--env", default=None,
-                   help="overlay folder under --conf-dir applied over base/ (e.g. local, ci, cluster)")
+    add_config_args(p)
     p.add_argument("--dataset", default=None, metavar="NAME|PATH",
                    help="the dataset spec: a name under <conf-dir>/datasets/ (one per shipped example) or a "
                         "path to a spec .yaml (default: config data.dataset)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key, e.g. --set train.epochs=3 (repeatable)")
     p.add_argument("--output-dir", default=None,
                    help="where tables, models, reports and run manifests go (default: config output_dir)")
     p.add_argument("--run-id", default=None,
@@ -55,6 +50,18 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
     add_verbosity(p)
     return p
+
+
+def add_config_args(p: argparse.ArgumentParser, used_for: str = "") -> None:
+    """``--conf-dir``, ``--env`` and ``--set``: which config the job loads (:func:`load`);
+    ``used_for`` says what a job that runs no pipeline step reads from it."""
+    why = f" ({used_for})" if used_for else ""
+    p.add_argument("--conf-dir", default=str(default_conf_dir()),
+                   help=f"config folder holding base/ and the overlays{why} (default: %(default)s)")
+    p.add_argument("--env", default=None,
+                   help="overlay folder under --conf-dir applied over base/ (e.g. local, ci, cluster)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set train.epochs=3 (repeatable)")
 
 
 def add_verbosity(p: argparse.ArgumentParser) -> None:

@@ -24,8 +24,8 @@ import logging
 import sys
 
 from sparkdeep import logs
-from sparkdeep.config import ConfigError, default_conf_dir
-from sparkdeep.jobs._common import add_verbosity, failed, load
+from sparkdeep.config import ConfigError
+from sparkdeep.jobs._common import add_config_args, add_verbosity, failed, load
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
 # sparkdeep logger and its handler.
@@ -40,10 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the output folder whose promoted model is exported (default: config output_dir)")
     p.add_argument("--to", default=None, metavar="DIR",
                    help="write the export here instead of <output-dir>/export/<run id> (a local folder)")
-    p.add_argument("--conf-dir", default=str(default_conf_dir()), help="config folder (for Spark settings)")
-    p.add_argument("--env", default=None, help="config overlay under --conf-dir (e.g. local, ci, cluster)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key (repeatable)")
+    add_config_args(p, "Spark settings, tracking")
     p.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=None,
                    help="log the export as an MLflow model of the promoted model's MLflow run (default: when "
                         "tracking is on and that run exists; --mlflow: always, --no-mlflow: never)")

@@ -15,9 +15,9 @@ import logging
 import sys
 
 from sparkdeep import logs
-from sparkdeep.config import ConfigError, default_conf_dir, load_config
+from sparkdeep.config import ConfigError, load_config
 from sparkdeep.errors import error_line
-from sparkdeep.jobs._common import add_verbosity
+from sparkdeep.jobs._common import add_config_args, add_verbosity
 from sparkdeep.registry import Models
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
@@ -35,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="which recorded table to re-create (default: the one it was trained on; "
                         "the ingested table (named by the dataset spec), train and holdout are recorded too)")
     p.add_argument("--to", default=None, help="write the re-created table here as Delta (overwrite)")
-    p.add_argument("--conf-dir", default=str(default_conf_dir()), help="config folder (for Spark settings)")
-    p.add_argument("--env", default=None, help="config overlay (for Spark settings)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key (repeatable)")
+    add_config_args(p, "Spark settings")
     add_verbosity(p)
     args = p.parse_args(argv)
     logs.quiet_native(args.verbose)
