@@ -152,6 +152,18 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompressConfig:
+    """Smaller variants of the promoted network, measured against it (off by default)."""
+    enabled: bool
+    variants: tuple[str, ...]           # from Choices.COMPRESS_VARIANTS
+    sparsity: float                     # prune: fraction of each Dense kernel zeroed
+    fine_tune_epochs: int               # prune: epochs on the ranks with the zeros kept (0 = none)
+    student_units: tuple[int, ...]      # distill: the student's hidden widths; [] = half the teacher's
+    alpha: float                        # distill: the labels' weight in the target (the teacher's: 1 - alpha)
+    distill_epochs: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     output_dir: str
     seed: int
@@ -163,6 +175,7 @@ class Config:
     gate: GateConfig
     tracking: TrackingConfig
     tune: TuneConfig
+    compress: CompressConfig
     # The data set's spec (conf/datasets/<data.dataset>.yaml), attached by load_config.
     dataset: Any = None
 
@@ -223,6 +236,13 @@ class Config:
             ("gate.max_regression", self.gate.max_regression >= 0 and (lower or self.gate.max_regression <= 1)),
             *self._tune_checks(task),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
+            ("compress.variants", len(set(self.compress.variants)) == len(self.compress.variants) and all(
+                v in Choices.COMPRESS_VARIANTS for v in self.compress.variants)),
+            ("compress.sparsity", 0 < self.compress.sparsity < 1),
+            ("compress.fine_tune_epochs", self.compress.fine_tune_epochs >= 0),
+            ("compress.student_units", all(u >= 1 for u in self.compress.student_units)),
+            ("compress.alpha", 0 <= self.compress.alpha <= 1),
+            ("compress.distill_epochs", self.compress.distill_epochs >= 1),
             # MLflow's default store is a SQLite file under the output folder: only a local one.
             ("tracking.uri", bool(self.tracking.uri) or not self.tracking.enabled or _is_local(self.output_dir)),
         ]
@@ -232,6 +252,8 @@ class Config:
                                     f"output_dir is not local ({self.output_dir}): the default SQLite store "
                                     "lives under the output folder; or set tracking.enabled=false"),
                    "train.hidden_units": "one or more layer widths, each >= 1",
+                   "compress.variants": f"distinct names from {list(Choices.COMPRESS_VARIANTS)}",
+                   "compress.student_units": "layer widths, each >= 1; [] = half the teacher's",
                    "train.strategy": f"one of {list(Choices.STRATEGIES)}",
                    "train.compression": (f"one of {list(Choices.COMPRESSIONS)}; fp16 only with train.strategy "
                                          f"horovod (now {self.train.strategy!r})"),

@@ -51,6 +51,8 @@ class Choices:
     NORMALIZATIONS = ("layer", "batch", "none")  # the tabular network's hidden layers
     # The tabular network's numbers: as they come (standardised), or also through learned periodic features.
     NUMERIC_EMBEDDINGS = ("none", "periodic")
+    # compress (pipelines/compress.py): post-training quantization modes, magnitude pruning, distillation.
+    COMPRESS_VARIANTS = ("int8", "int4", "float8", "bfloat16", "prune", "distill")
     # tune: which trials stop early (pipelines/tune.py): below the median of the finished trials at
     # the same epoch, Optuna's successive halving (asynchronous), or none (every trial runs its epochs).
     PRUNERS = ("median", "successive_halving", "none")

@@ -214,6 +214,28 @@ def log_evaluate(cfg, paths: Paths, run_id: str | None, result: dict, files: lis
     return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
 
 
+def log_compress(cfg, paths: Paths, run_id: str | None, report: dict, files: list[str]) -> dict | None:
+    """The compress step's comparison (each variant's size, parameters, rows/s and held-out
+    metric difference as metrics ``compress_<variant>_<figure>``; the report and its plot
+    under ``compress/``) into the MLflow run of sparkdeep run ``run_id`` (made if there is none)."""
+    if not cfg.tracking.enabled:
+        return None
+    from mlflow.entities import Metric
+    client = _client(cfg, paths)
+    exp = _experiment_id(client, cfg, paths)
+    mlflow_run = _run_for(client, exp, run_id, {})
+    figures = ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s", "metric_difference",
+               "keras_bytes_ratio", "predict_rows_per_s_ratio")
+    metrics = [Metric(f"compress_{row['variant']}_{k}", float(row[k]), 0, 0)
+               for row in report.get("variants", []) for k in figures if _metric(row.get(k)) is not None]
+    client.log_batch(mlflow_run, metrics=metrics)
+    client.log_dict(mlflow_run, json.loads(json.dumps(report, default=str)), "compress/compress.json")
+    for path in files:
+        with _local_copy(path) as copy:
+            client.log_artifact(mlflow_run, copy, artifact_path="compress")
+    return {"uri": tracking_uri(cfg, paths), "experiment_id": exp, "mlflow_run_id": mlflow_run}
+
+
 def existing_run(cfg, paths: Paths, run_id: str | None) -> str | None:
     """The MLflow run of sparkdeep run ``run_id`` if there is one; None when tracking is
     off, when there is none, or when the default local store was never made (it is not

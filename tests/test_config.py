@@ -220,3 +220,15 @@ def test_every_key_has_its_default_in_base_only(conf):
     # ``dataset`` is no config key: load_config attaches the spec that data.dataset names.
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(Config) if f.name != "dataset")
     assert load_config(conf, overrides=["train.dropout=0.1"]).dataset.name == "flights"
+
+
+def test_the_compress_section_is_off_by_default_and_checked(conf):
+    cfg = load_config(conf)
+    assert cfg.compress.enabled is False and "int8" in cfg.compress.variants
+    with pytest.raises(ConfigError, match=r"'compress.variants'.*int3"):
+        load_config(conf, overrides=["compress.variants=[int8, int3]"])
+    with pytest.raises(ConfigError, match=r"'compress.sparsity'"):
+        load_config(conf, overrides=["compress.sparsity=1.0"])
+    with pytest.raises(ConfigError, match=r"'compress.alpha'"):
+        load_config(conf, overrides=["compress.alpha=1.5"])
+    assert load_config(conf, overrides=["compress.student_units=[16, 8]"]).compress.student_units == (16, 8)

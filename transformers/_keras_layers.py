@@ -251,3 +251,37 @@ class EnsembleHeads(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "members": self.members, "units": self.units}
+
+
+@keras.saving.register_keras_serializable(package="sparkdeep")
+class MaskedDense(keras.layers.Dense):
+    """A ``Dense`` layer whose kernel is multiplied by a fixed 0/1 mask: magnitude pruning's
+    fine-tuning network (``transformers/keras/compress.py``).
+
+    The mask is a non-trainable weight (``kernel_mask``), so it travels in the ``.keras``
+    archive and in the ranks' broadcast like any weight, and the layer's config is
+    ``Dense``'s. A pruned weight gets no gradient (the output does not depend on it), so
+    an optimizer update cannot revive it, whatever the optimizer or the training loop; the
+    pruned network is turned back into plain ``Dense`` layers holding ``kernel * mask`` once
+    trained. A constraint that re-zeroes the weights that are exactly zero would not hold:
+    Adam moves them off zero in the very update the constraint then sees.
+    """
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.kernel_mask = self.add_weight(name="kernel_mask", shape=tuple(self.kernel.shape),
+                                           initializer="ones", trainable=False, dtype=self.variable_dtype)
+
+    # Dense saves a fixed list of variables (its quantization modes'); the mask is one more,
+    # so the layer saves and loads every weight in order, as a plain Layer does.
+    def save_own_variables(self, store):
+        keras.layers.Layer.save_own_variables(self, store)
+
+    def load_own_variables(self, store):
+        keras.layers.Layer.load_own_variables(self, store)
+
+    def call(self, inputs, training=None):
+        y = ops.matmul(inputs, ops.multiply(self.kernel, ops.cast(self.kernel_mask, self.kernel.dtype)))
+        if self.bias is not None:
+            y = ops.add(y, self.bias)
+        return self.activation(y) if self.activation is not None else y

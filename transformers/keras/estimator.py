@@ -25,6 +25,7 @@ from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasSeed, HasWeightCol
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -61,6 +62,10 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
     with ``input_dim`` and ``modelArgs``: what a job or a saved estimator uses).
     """
 
+    softLabels = Param(Params._dummy(), "softLabels",
+                       "binary task only: labels may be probabilities in [0, 1] (a distillation target), "
+                       "not only 0/1", typeConverter=TypeConverters.toBoolean)
+
     @keyword_only
     def __init__(self, *, model: Any = None, featuresCol: str = "features", labelCol: str = "label",
                  weightCol: str | None = None, predictionCol: str = "prediction",
@@ -77,9 +82,10 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                  runId: str | None = None, checkpointDir: str | None = None,
                  shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
                  stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
-                 measureWait: bool | None = None, traceDir: str | None = None, traceEpoch: int | None = None):
+                 measureWait: bool | None = None, traceDir: str | None = None, traceEpoch: int | None = None,
+                 softLabels: bool | None = None):
         super().__init__()
-        self._setDefault(seed=42)
+        self._setDefault(seed=42, softLabels=False)
         self._model_bytes: bytes | None = None
         self.setParams(**self._input_kwargs)
 
@@ -127,6 +133,9 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         if self.getHandleInvalid() not in ("error", "skip"):
             raise ValueError(f"handleInvalid must be 'error' or 'skip' at fit, got {self.getHandleInvalid()!r}")
         task = self.getTask()
+        if self.getOrDefault(self.softLabels) and task != "binary":
+            raise ValueError(f"softLabels=True applies to a binary network (one sigmoid unit trained on "
+                             f"probabilities); this loss trains a {task} network")
         for name in self.getOrDefault(self.metrics):
             tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
@@ -216,7 +225,9 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             raise ValueError(f"the network takes {width} inputs but featuresCol {self.getFeaturesCol()!r} holds "
                              f"vectors of length {input_dim}")
         check_network(task, self.getOrDefault(self.loss), units, activation)
-        check_labels(task, units, labels, self.getLabelCol())
+        # Soft labels (probabilities, as distillation gives) are fractional by design; the range still holds.
+        soft = self.getOrDefault(self.softLabels)
+        check_labels(task, units, dict(labels, fractional=0) if soft else labels, self.getLabelCol())
         layers = [[type(layer).__name__, [list(w.shape) for w in layer.weights]] for layer in net.layers]
         return (data if data is not None else keras_to_bytes(net)), layers
 
