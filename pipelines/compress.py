@@ -152,6 +152,43 @@ def predict_measure(data: bytes, x: np.ndarray, repeat: int = 3) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: Holdout rows the server's scorer is timed on, in requests of ``SERVER_BATCH`` rows.
+SERVER_ROWS, SERVER_BATCH = 640, 64
+
+
+def server_measure(pipeline_model, holdout, repeat: int = 3) -> dict:
+    """Rows/s through the HTTP server's scorer (``pipelines/serve.Scorer``: the variant
+    exported, one traced graph) on the first :data:`SERVER_ROWS` holdout rows as raw
+    records under the source's names, :data:`SERVER_BATCH` rows a call, best of ``repeat``
+    (no HTTP: ``bench/serving_bench.py`` measures what HTTP adds). A variant the export
+    cannot take gets ``None`` and the reason, logged: the other figures still count."""
+    import tempfile
+
+    from sparkdeep.names import ORIGINAL_NAME
+    from sparkdeep.pipelines import export as ex
+    from sparkdeep.pipelines.serve import Scorer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            ex.export_pipeline(pipeline_model, os.path.join(tmp, "export"), raw_schema=ex.raw_schema_of(holdout.schema))
+            scorer = Scorer(ex.load_export(os.path.join(tmp, "export")))
+        except Exception as exc:  # noqa: BLE001 - reported in the row, the step goes on
+            log.warning(f"[compress] the server's scorer cannot take this variant: {exc}")
+            return {"server_rows_per_s": None, "server_error": str(exc)[:500]}
+        source = {f.name: (f.metadata or {}).get(ORIGINAL_NAME, f.name) for f in holdout.schema.fields}
+        names = [e["name"] for e in scorer.model.schema["inputs"]]
+        records = holdout.limit(SERVER_ROWS).toPandas().rename(columns=source)[names].to_dict("records")
+        batches = [records[i:i + SERVER_BATCH] for i in range(0, len(records), SERVER_BATCH)]
+        scorer.score(batches[0])  # traces the graph once
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for batch in batches:
+                scorer.score(batch)
+            best = min(best, time.perf_counter() - t0)
+    return {"server_rows_per_s": round(len(records) / best, 1)}
+
+
 def measure(name: str, pipeline_model, path: str, holdout, x: np.ndarray, *, key: str, task: str,
             classes: list[str] | None, repeat: int = 3) -> dict:
     """One row of the report (see the module docstring)."""
@@ -176,7 +213,7 @@ def measure(name: str, pipeline_model, path: str, holdout, x: np.ndarray, *, key
     return {"variant": name, "path": path, "keras_bytes": len(data), "keras_gzip_bytes": len(zlib.compress(data, 6)),
             "folder_bytes": _folder_bytes(path), "parameters": compress.parameter_count(stage.keras_model()),
             "transform_rows_per_s": round(rows / transform_s, 1), "transform_first_s": round(first_s, 2),
-            **predict_measure(data, x, repeat),
+            **predict_measure(data, x, repeat), **server_measure(pipeline_model, holdout, repeat),
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "compressed": stage.trainingSummary.get("compressed")}
 
@@ -269,8 +306,8 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
         value = r["metrics"].get(gate)
         r["metric"] = gate
         r["metric_difference"] = None if value is None or base is None else value - base
-        for k in ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s"):
-            r[f"{k}_ratio"] = round(r[k] / rows[0][k], 3) if rows[0][k] else None
+        for k in ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s", "server_rows_per_s"):
+            r[f"{k}_ratio"] = round(r[k] / rows[0][k], 3) if rows[0].get(k) and r.get(k) is not None else None
     report = {"run_id": run_id, "source": ref["path"], "task": task, "metric": gate, "higher_is_better": higher,
               "holdout_rows": holdout.count(), "predict_rows": len(x), "variants": rows, "skipped": skipped}
     report["report_json"] = write_json(paths.run_report(run_id, "compress"), report)
@@ -281,17 +318,18 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
 
 def table(report: dict) -> str:
     """The report as a Markdown table."""
-    lines = ["| variant | .keras KiB | gzip KiB | parameters | transform rows/s | predict rows/s | peak RSS MiB "
-             f"| {report['metric']} | difference |", "|" + "---|" * 9]
+    lines = ["| variant | .keras KiB | gzip KiB | parameters | transform rows/s | predict rows/s | server rows/s "
+             f"| peak RSS MiB | {report['metric']} | difference |", "|" + "---|" * 10]
     for r in report["variants"]:
-        rss, diff = r.get("peak_rss_bytes"), r.get("metric_difference")
+        rss, diff, server = r.get("peak_rss_bytes"), r.get("metric_difference"), r.get("server_rows_per_s")
         value = r["metrics"].get(report["metric"], float("nan"))
         lines.append(f"| {r['variant']} | {r['keras_bytes'] / 1024:.1f} | {r['keras_gzip_bytes'] / 1024:.1f} | "
                      f"{r['parameters']} | {r['transform_rows_per_s']:.0f} | {r['predict_rows_per_s']:.0f} | "
+                     f"{'' if server is None else f'{server:.0f}'} | "
                      f"{'' if rss is None else f'{rss / 2**20:.1f}'} | {value:.4f} | "
                      f"{'' if diff is None else f'{diff:+.4f}'} |")
     return "\n".join(lines)
 
 
 __all__ = ["build_variant", "compress_promoted", "features_of", "measure", "network_index", "predict_measure",
-           "table", "with_network"]
+           "server_measure", "table", "with_network"]

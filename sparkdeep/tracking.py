@@ -224,8 +224,8 @@ def log_compress(cfg, paths: Paths, run_id: str | None, report: dict, files: lis
     client = _client(cfg, paths)
     exp = _experiment_id(client, cfg, paths)
     mlflow_run = _run_for(client, exp, run_id, {})
-    figures = ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s", "metric_difference",
-               "keras_bytes_ratio", "predict_rows_per_s_ratio")
+    figures = ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s", "server_rows_per_s",
+               "metric_difference", "keras_bytes_ratio", "predict_rows_per_s_ratio")
     metrics = [Metric(f"compress_{row['variant']}_{k}", float(row[k]), 0, 0)
                for row in report.get("variants", []) for k in figures if _metric(row.get(k)) is not None]
     client.log_batch(mlflow_run, metrics=metrics)

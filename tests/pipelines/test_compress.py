@@ -79,6 +79,7 @@ def test_compress_writes_each_variant_and_the_report(spark, promoted):
     assert min(rows["prune"]["compressed"]["kernel_sparsity"].values()) >= 0.6 - 1e-3
     for r in report["variants"]:
         assert r["parameters"] > 0 and r["transform_rows_per_s"] > 0 and r["predict_rows_per_s"] > 0
+        assert r["server_rows_per_s"] > 0, r.get("server_error")
         assert r["metrics"]["rows"] == 400
     saved = model_store.load_pipeline(spark, rows["int8"]["path"])
     assert saved.stages[-1].trainingSummary["compressed"]["mode"] == "int8"
