@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from sparkdeep import logs, tracking
-from sparkdeep.config import ConfigError
+from sparkdeep.config import Config, ConfigError
 from sparkdeep.jobs._common import add_config_args, add_verbosity, failed, load
 
 log = logging.getLogger("sparkdeep.jobs.compress")
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-dir", default=None,
                    help="the output folder whose promoted model is compressed (default: config output_dir)")
     add_config_args(p, "Spark settings, train's rank settings, compress, tracking")
-    p.add_argument("--dataset", default=None, help="data set spec (data.dataset)")
+    p.add_argument("--dataset", default=None,
+                   help="data set spec (default: the one the output folder holds, its dataset.json)")
     p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
     add_verbosity(p)
     args = p.parse_args(argv)
@@ -43,9 +45,27 @@ def main(argv: list[str] | None = None) -> int:
         return _compress(args, spark_level)
 
 
+def load_for_output(args: argparse.Namespace) -> Config:
+    """The config, its data set the one the output folder holds (``dataset.json``, written
+    by ingest) when ``--dataset`` is not given: the holdout's key and the task come from
+    it. A ``--dataset`` naming another data set than the folder's is an error."""
+    from sparkdeep import storage
+    from sparkdeep.paths import read_json
+    cfg = load(args)
+    owner = read_json(storage.join(cfg.output_dir, "dataset.json")) or {}
+    name = owner.get("name")
+    if name is None or cfg.dataset is None or cfg.dataset.name == name:
+        return cfg
+    if args.dataset:
+        raise ConfigError(f"--dataset {args.dataset!r} is data set {cfg.dataset.name!r}, but the output folder "
+                          f"{cfg.output_dir!r} holds data set {name!r} (its dataset.json): leave --dataset out")
+    spec = owner.get("spec_file")
+    return load(argparse.Namespace(**{**vars(args), "dataset": spec if spec and os.path.isfile(spec) else name}))
+
+
 def _compress(args: argparse.Namespace, spark_level: str) -> int:
     try:
-        cfg = load(args)
+        cfg = load_for_output(args)
         if not cfg.compress.enabled:
             raise ConfigError("compress.enabled is false: the compress step is off by default; set "
                               "compress.enabled: true (or --set compress.enabled=true)")

@@ -114,7 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
         caught: list[int] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda number, frame: caught.append(number))
-        server.run()
+        try:
+            server.run()
+        except SystemExit:  # uvicorn exits (status 3) when it cannot bind: a port in use, a bad host
+            server.started = False
         if not server.started:
             log.error(f"serve: failed: the server did not start on {args.host}:{args.port} (see above)")
             return 1

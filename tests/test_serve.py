@@ -347,6 +347,18 @@ def test_the_job_serves_the_promoted_models_export_not_a_newer_one(served, tmp_p
 
 
 @pytest.mark.slow
+def test_a_port_in_use_is_one_line_and_status_1(served):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "sparkdeep.jobs.serve", "--export", served["binary"]["dir"],
+                               "--port", str(port)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"serve: failed: the server did not start on 127.0.0.1:{port}" in done.stderr
+
+
+@pytest.mark.slow
 def test_the_job_serves_in_its_own_process_and_drains_on_sigterm(served):
     s = served["regression"]
     with socket.socket() as sock:

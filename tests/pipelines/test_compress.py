@@ -103,3 +103,15 @@ def test_the_job_is_off_by_default(tmp_path, capsys):
     assert compress_job.main(["--output-dir", str(tmp_path)]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "compress.enabled is false" in err[0]
+
+
+def test_the_job_reads_the_output_folders_data_set_and_refuses_another(repo_root, tmp_path):
+    import argparse
+
+    from sparkdeep.config import ConfigError
+    (tmp_path / "dataset.json").write_text('{"name": "hmda", "spec_file": "/nowhere/hmda.yaml"}')
+    args = argparse.Namespace(conf_dir=os.path.join(repo_root, "conf"), env=None, overrides=[], dataset=None,
+                              output_dir=str(tmp_path))
+    assert compress_job.load_for_output(args).dataset.name == "hmda"  # the spec file gone: by its name
+    with pytest.raises(ConfigError, match="holds data set 'hmda'"):
+        compress_job.load_for_output(argparse.Namespace(**{**vars(args), "dataset": "diamonds_cut"}))
