@@ -190,15 +190,16 @@ def server_measure(pipeline_model, holdout, repeat: int = 3) -> dict:
 
 
 def measure(name: str, pipeline_model, path: str, holdout, x: np.ndarray, *, key: str, task: str,
-            classes: list[str] | None, repeat: int = 3) -> dict:
-    """One row of the report (see the module docstring)."""
+            classes: list[str] | None, repeat: int = 3, rows: int | None = None) -> dict:
+    """One row of the report (see the module docstring); ``rows``: the holdout's count, if
+    known (the step counts its cached holdout once for every variant)."""
     from sparkdeep.pipelines.evaluate import predictions_frame, task_metrics
     from sparkdeep.transformers.keras import compress
 
     stage = pipeline_model.stages[network_index(pipeline_model)]
     data = stage.kerasBytes
     scored = pipeline_model.transform(holdout)
-    rows = holdout.count()
+    rows = holdout.count() if rows is None else rows
     # The first pass starts the Python workers and loads the network in each: timed apart;
     # then the best of ``repeat`` passes (the machine may be shared).
     t0 = time.perf_counter()
@@ -265,6 +266,7 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
     task = stage._task(stage.keras_model())
     tables = latest.get("tables", {})
     holdout = delta_io.read(spark, paths.table(Tables.HOLDOUT), tables.get(Tables.HOLDOUT)).cache()
+    holdout_rows = holdout.count()
     classes = classes_of(holdout) if task == "multiclass" else None
     key = cfg.dataset.key_column if cfg.dataset is not None else Columns.KEY
     fcol = stage.getFeaturesCol()
@@ -279,7 +281,8 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
         train = delta_io.read(spark, paths.table(Tables.TRAIN), tables.get(Tables.TRAIN))
         train_rows = features_of(original, train).select(fcol, Columns.LABEL)
     out_root = storage.join(paths.root, "runs", run_id, "compress")
-    rows = [measure("original", original, ref["path"], holdout, x, key=key, task=task, classes=classes)]
+    rows = [measure("original", original, ref["path"], holdout, x, key=key, task=task, classes=classes,
+                    rows=holdout_rows)]
     skipped = {}
     for name in cfg.compress.variants:
         t0 = time.perf_counter()
@@ -296,7 +299,7 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
         path = storage.join(out_root, name)
         pipeline.write().overwrite().save(path)
         row = measure(name, model_store.load_pipeline(spark, path), path, holdout, x, key=key, task=task,
-                      classes=classes)
+                      classes=classes, rows=holdout_rows)
         rows.append({**row, "build_s": round(build_s, 2)})
         log.info(f"[compress] {name}: {row['keras_bytes']} bytes, {row['parameters']} parameters, "
                  f"{row['metrics']}")
@@ -309,7 +312,7 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
         for k in ("keras_bytes", "parameters", "transform_rows_per_s", "predict_rows_per_s", "server_rows_per_s"):
             r[f"{k}_ratio"] = round(r[k] / rows[0][k], 3) if rows[0].get(k) and r.get(k) is not None else None
     report = {"run_id": run_id, "source": ref["path"], "task": task, "metric": gate, "higher_is_better": higher,
-              "holdout_rows": holdout.count(), "predict_rows": len(x), "variants": rows, "skipped": skipped}
+              "holdout_rows": holdout_rows, "predict_rows": len(x), "variants": rows, "skipped": skipped}
     report["report_json"] = write_json(paths.run_report(run_id, "compress"), report)
     report["plot"] = plot(rows, gate, paths.run_report(run_id, "compress", "png"))
     holdout.unpersist()

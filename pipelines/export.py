@@ -675,15 +675,18 @@ class ExportedModel:
 
 
 def _as_frame(rows):
+    """Rows as a pandas DataFrame: a DataFrame, one row as a dict, or dicts."""
     import pandas as pd
     if isinstance(rows, pd.DataFrame):
         return rows
+    if isinstance(rows, dict):
+        return pd.DataFrame([rows])
     return pd.DataFrame.from_records(list(rows))
 
 
 def _is_null(v) -> bool:
     import pandas as pd
-    return v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and bool(np.isnan(v)))
+    return v is None or v is pd.NA or v is pd.NaT or (isinstance(v, (float, np.floating)) and bool(np.isnan(v)))
 
 
 def _as_string(v, null: str, integral: bool = False) -> str:

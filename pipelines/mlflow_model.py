@@ -204,7 +204,7 @@ class ExportPyfunc:
 
     def predict(self, model_input, params=None):
         import pandas as pd
-        frame = _as_frame(model_input)
+        frame = ex._as_frame(model_input)
         missing = [n for n in self.names if n not in frame.columns]
         if missing:
             raise ValueError(f"the input has no column {missing[0]!r}; the model reads {self.names} (send null, "
@@ -227,29 +227,10 @@ class ExportPyfunc:
         """A cell as the HTTP scorer's check takes it: None for a pandas null; a whole float
         of an integer source back to an int (a category ``3`` reads ``"3"``, as Spark casts
         the source's integer, not ``"3.0"``); anything else as it is, for the check to judge."""
-        v = _none_if_null(v)
+        v = None if ex._is_null(v) else v
         if name in self.integral and isinstance(v, (float, np.floating)) and float(v).is_integer():
             return int(v)
         return v
-
-
-def _as_frame(model_input):
-    import pandas as pd
-    if isinstance(model_input, pd.DataFrame):
-        return model_input
-    if isinstance(model_input, dict):
-        return pd.DataFrame([model_input])
-    return pd.DataFrame.from_records(list(model_input))
-
-
-def _none_if_null(v):
-    """None for a pandas null (None, NaN, pd.NA, NaT), else the value itself."""
-    import pandas as pd
-    if v is None or v is pd.NA or v is pd.NaT:
-        return None
-    if isinstance(v, (float, np.floating)) and math.isnan(v):
-        return None
-    return v
 
 
 def _load_pyfunc(data_path: str) -> ExportPyfunc:

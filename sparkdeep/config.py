@@ -151,6 +151,11 @@ class TrackingConfig:
     experiment: str
 
 
+#: What the compress keys take, for their errors.
+COMPRESS_HINTS = {"compress.variants": f"distinct names from {list(Choices.COMPRESS_VARIANTS)}",
+                  "compress.student_units": "layer widths, each >= 1; [] = half the teacher's"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompressConfig:
     """Smaller variants of the promoted network, measured against it (off by default)."""
@@ -236,13 +241,7 @@ class Config:
             ("gate.max_regression", self.gate.max_regression >= 0 and (lower or self.gate.max_regression <= 1)),
             *self._tune_checks(task),
             ("tracking.experiment", bool(self.tracking.experiment.strip())),
-            ("compress.variants", len(set(self.compress.variants)) == len(self.compress.variants) and all(
-                v in Choices.COMPRESS_VARIANTS for v in self.compress.variants)),
-            ("compress.sparsity", 0 < self.compress.sparsity < 1),
-            ("compress.fine_tune_epochs", self.compress.fine_tune_epochs >= 0),
-            ("compress.student_units", all(u >= 1 for u in self.compress.student_units)),
-            ("compress.alpha", 0 <= self.compress.alpha <= 1),
-            ("compress.distill_epochs", self.compress.distill_epochs >= 1),
+            *self._compress_checks(),
             # MLflow's default store is a SQLite file under the output folder: only a local one.
             ("tracking.uri", bool(self.tracking.uri) or not self.tracking.enabled or _is_local(self.output_dir)),
         ]
@@ -252,8 +251,6 @@ class Config:
                                     f"output_dir is not local ({self.output_dir}): the default SQLite store "
                                     "lives under the output folder; or set tracking.enabled=false"),
                    "train.hidden_units": "one or more layer widths, each >= 1",
-                   "compress.variants": f"distinct names from {list(Choices.COMPRESS_VARIANTS)}",
-                   "compress.student_units": "layer widths, each >= 1; [] = half the teacher's",
                    "train.strategy": f"one of {list(Choices.STRATEGIES)}",
                    "train.compression": (f"one of {list(Choices.COMPRESSIONS)}; fp16 only with train.strategy "
                                          f"horovod (now {self.train.strategy!r})"),
@@ -274,7 +271,7 @@ class Config:
                    "gate.metric": (f'"" (the task\'s default: {tasks.DEFAULT_GATE_METRIC}) or a held-out metric '
                                    f'of the {task or "any"} task: '
                                    f'{[m for m, h in tasks.HOLDOUT_METRICS.items() if not task or task in h.tasks]}'),
-                   **self._tune_hints(task)}
+                   **self._tune_hints(task), **COMPRESS_HINTS}
         for key, ok in checks:
             if not ok:
                 value = self
@@ -283,6 +280,18 @@ class Config:
                 hint = f" (expected {allowed[key]})" if key in allowed else ""
                 raise ConfigError(f"config key {key!r}: value {shown(value)} is out of range{hint}")
 
+
+    def _compress_checks(self) -> list[tuple[str, bool]]:
+        c = self.compress
+        return [
+            ("compress.variants", len(set(c.variants)) == len(c.variants) and all(
+                v in Choices.COMPRESS_VARIANTS for v in c.variants)),
+            ("compress.sparsity", 0 < c.sparsity < 1),
+            ("compress.fine_tune_epochs", c.fine_tune_epochs >= 0),
+            ("compress.student_units", all(u >= 1 for u in c.student_units)),
+            ("compress.alpha", 0 <= c.alpha <= 1),
+            ("compress.distill_epochs", c.distill_epochs >= 1),
+        ]
 
     def _tune_checks(self, task: str | None) -> list[tuple[str, bool]]:
         """The ``tune`` section's checks (and, with a search on, what it needs of the others)."""

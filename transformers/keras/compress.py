@@ -164,9 +164,11 @@ def quantize(model: KerasHorovodModel, mode: str) -> KerasHorovodModel:
 # -- pruning --------------------------------------------------------------------------------
 
 def _clone(net, fn):
+    """``net`` rebuilt layer by layer through ``fn`` (pruning's masks, distillation's narrower
+    student): only a functional or sequential network can be."""
     import keras
     if "layers" not in net.get_config():
-        raise ValueError(f"pruning clones a functional or sequential network; {type(net).__name__} {net.name!r} "
+        raise ValueError(f"compress clones a functional or sequential network; {type(net).__name__} {net.name!r} "
                          "is neither")
     return keras.models.clone_model(net, clone_function=fn)
 
@@ -279,8 +281,6 @@ def student_network(net, units: list[int] | None = None):
     hidden layer; default: half of each) and fresh weights: the same inputs, embeddings,
     periodic features, normalisation and output (a tabular teacher's student still embeds
     its categories), only less wide."""
-    import keras
-
     out = _output_layer(net)
     hidden = [layer for layer in _dense_layers(net) if layer is not out]
     widths = list(units) if units else [max(1, int(layer.units) // 2) for layer in hidden]
@@ -294,7 +294,7 @@ def student_network(net, units: list[int] | None = None):
         if layer.name in narrower:
             config["units"] = narrower[layer.name]
         return type(layer).from_config(config)
-    return keras.models.clone_model(net, clone_function=clone)
+    return _clone(net, clone)
 
 
 def distill(model: KerasHorovodModel, dataset, *, labelCol: str = "label", alpha: float = 0.5,
