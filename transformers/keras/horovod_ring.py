@@ -3,10 +3,16 @@
 Keras 3 models cannot use ``hvd.DistributedGradientTape`` (horovod#4290), so the gradients
 are taken with a plain tape and averaged with one grouped all-reduce (Gloo on CPU, NCCL on
 GPU), optionally as float16 on the wire (``compression='fp16'``).
+
+An embedding table larger than a batch's lookups keeps its gradient sparse: its values and
+indices are all-gathered (every rank's rows, of any count) and merged, each index once with
+its values summed, then divided by the rank count: the dense average's rows, without
+sending the table. Horovod 0.28.1's own sparse path of ``grouped_allreduce`` fails inside
+a ``tf.function`` (it pairs the gathered values with the wrong input's ``dense_shape``).
 """
 from __future__ import annotations
 
-from .strategies import RankStrategy, dense_gradients, payload_bytes
+from .strategies import RankStrategy, dense_gradients, merge_slices, payload_bytes, sparse_bytes
 
 
 class HorovodRing(RankStrategy):
@@ -37,9 +43,26 @@ class HorovodRing(RankStrategy):
         return out
 
     def graph_gradients(self, grads: list) -> list:
-        grads = dense_gradients(grads)
-        self.update_bytes = payload_bytes(grads) // (2 if self.spec.compression == "fp16" else 1)
-        return self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self._compression)
+        import tensorflow as tf
+        lookups = int(self.spec.batch_size)
+        grads = dense_gradients(grads, lookups)
+        dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        wire = 2 if self.spec.compression == "fp16" else 1
+        self.update_bytes = (payload_bytes([grads[i] for i in dense]) // wire
+                             + sum(sparse_bytes(grads[i], lookups) for i in sparse))
+        out = list(grads)
+        if dense:
+            reduced = self.hvd.grouped_allreduce([grads[i] for i in dense], op=self.hvd.Average,
+                                                 compression=self._compression)
+            for i, g in zip(dense, reduced):
+                out[i] = g
+        if sparse:
+            values = self.hvd.grouped_allgather([grads[i].values for i in sparse])
+            indices = self.hvd.grouped_allgather([grads[i].indices for i in sparse])
+            for i, v, idx in zip(sparse, values, indices):
+                out[i] = merge_slices(tf.IndexedSlices(v / self.size, idx, grads[i].dense_shape))
+        return out
 
     def sum(self, values: list[float]) -> list[float]:
         import tensorflow as tf

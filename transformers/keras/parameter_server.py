@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from .contract import RankResult, RankSpec, RankTimings
-from .strategies import RankStrategy
+from .strategies import RankStrategy, merged
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class Coordinator:
                 with tf.control_dependencies([read]):  # the weights are read after the counter
                     with tf.GradientTape() as tape:
                         loss, pred = step_loss(x, y, w)
-                grads = tape.gradient(loss, model.trainable_variables)
+                grads = merged(tape.gradient(loss, model.trainable_variables))  # one slice per embedding row
                 optimizer.learning_rate.assign(lr_table[tf.minimum(read, len(lr_table) - 1)])
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))
                 with tf.control_dependencies([optimizer.iterations.value.read_value()]):  # after the apply

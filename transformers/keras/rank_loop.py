@@ -38,6 +38,7 @@ from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoin
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
 from .profile import EpochClock, EpochTrace, horovod_timeline_env, training_flops_per_sample
+from .strategies import add_gradients, merged, scale_gradients
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,9 @@ class Steps:
         def gradients(xb, yb, wb):
             with tf.GradientTape() as tape:
                 loss, pred = step_loss(xb, yb, wb)
-            grads = tape.gradient(loss, model.trainable_variables)
+            # An embedding's slices merged (each looked-up row once): applied sparse, they update
+            # as the dense gradient would (strategies.merge_slices).
+            grads = merged(tape.gradient(loss, model.trainable_variables))
             # A Dense layer on (batch, members, d) inputs (an ensemble) returns its kernel's
             # gradient without a static shape; the strategies size their payload from it.
             grads = [g if g is None or isinstance(g, tf.IndexedSlices) else tf.ensure_shape(g, v.shape)
@@ -291,7 +294,7 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
             xb, yb, wb = next(batches)
             tb = time.perf_counter()
             loss, grads = steps.local_gradients(xb, yb, wb)
-            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            acc = grads if acc is None else add_gradients(acc, grads)
             total += float(loss)
             rows += len(yb)
             batches_seen += 1
@@ -299,7 +302,7 @@ def run_epoch(steps: Steps, batches: Iterator[tuple], *, updates: int, accumulat
             t_compute += time.perf_counter() - tb
             first_step = first_step or time.time()
         if accumulation > 1:
-            acc = [a / accumulation for a in acc]
+            acc = scale_gradients(acc, 1.0 / accumulation)
         if wait is not None:
             tw = time.perf_counter()
             wait()

@@ -49,31 +49,91 @@ def make(strategy: str, spec) -> "RankStrategy":
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(spec)
 
 
-def dense_gradients(grads: list) -> list:
-    """Each embedding gradient (``tf.IndexedSlices``: one row per looked-up index, so a
-    batch's rows x width values plus their indices) as the dense tensor of its table when
-    that holds fewer numbers, which it does for the small tables of a tabular network.
-    Reduced sparse, Horovod would all-gather values and indices (two more collectives per
-    update, sizes exchanged first); dense, the table joins the one grouped all-reduce."""
+def merge_slices(g):
+    """``g`` (``tf.IndexedSlices``) with each index once, its values summed: what the dense
+    tensor of its table holds, row by row. An embedding's gradient names a row once per
+    lookup, and an optimizer applying the slices as they come squares each lookup's part
+    apart (Adam's second moment would add squares instead of squaring the sum); merged,
+    a sparse update equals the dense one."""
+    import tensorflow as tf
+    unique, position = tf.unique(g.indices)
+    values = tf.math.unsorted_segment_sum(g.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, g.dense_shape)
+
+
+def merged(grads: list) -> list:
+    """``grads`` with every ``tf.IndexedSlices`` merged (:func:`merge_slices`), the rest as they are."""
+    import tensorflow as tf
+    return [merge_slices(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
+def add_gradients(acc: list, grads: list) -> list:
+    """Two updates' gradients added, position by position (accumulation): two sparse ones by
+    joining their slices, merged (:func:`merge_slices`) so the sum stays one slice per row."""
+    import tensorflow as tf
+    out = []
+    for a, g in zip(acc, grads):
+        if isinstance(a, tf.IndexedSlices) and isinstance(g, tf.IndexedSlices):
+            out.append(merge_slices(tf.IndexedSlices(
+                tf.concat([a.values, g.values], 0), tf.concat([a.indices, tf.cast(g.indices, a.indices.dtype)], 0),
+                a.dense_shape)))
+        else:
+            out.append(tf.convert_to_tensor(a) + tf.convert_to_tensor(g))
+    return out
+
+
+def scale_gradients(grads: list, factor: float) -> list:
+    """``grads`` times ``factor``, sparse ones as sparse."""
+    import tensorflow as tf
+    return [tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+            else g * factor for g in grads]
+
+
+def _static_rows(shape) -> int | None:
+    n = 1
+    for d in shape:
+        if d is None:
+            return None
+        n *= int(d)
+    return n
+
+
+def dense_gradients(grads: list, lookups: int) -> list:
+    """Each embedding gradient (``tf.IndexedSlices``: one row per looked-up index) as the
+    dense tensor of its table when that holds no more numbers than its slices can (``lookups``
+    rows of values plus their indices: a batch's rows), which it does for the small tables
+    of a tabular network; the others stay
+    sparse. Dense, a table joins the one grouped all-reduce; sparse, its values and indices
+    are all-gathered (:meth:`~.horovod_ring.HorovodRing.graph_gradients`), which costs the
+    rows looked up, not the table: a table of a million IDs sends a batch's rows."""
     import tensorflow as tf
     out = []
     for g in grads:
         if isinstance(g, tf.IndexedSlices):
-            dense = 1
-            for d in g.dense_shape if isinstance(g.dense_shape, (tuple, list)) else tf.get_static_value(g.dense_shape):
-                dense *= int(d)
-            rows = g.values.shape[0]
-            sparse = None if rows is None else int(rows) * (g.values.shape[1:].num_elements() + 1)
-            if sparse is None or dense <= sparse:
+            dense = _static_rows(g.dense_shape if isinstance(g.dense_shape, (tuple, list))
+                                 else tf.get_static_value(g.dense_shape))
+            width = g.values.shape[1:].num_elements() or 1
+            # The bound, not this batch's count: a traced step and an eager one decide alike.
+            if dense is not None and dense <= int(lookups) * (width + 1):
                 g = tf.convert_to_tensor(g)
         out.append(g)
     return out
 
 
+def sparse_bytes(g, lookups: int) -> int:
+    """Bytes one rank hands the all-gathers for sparse gradient ``g``, at most: ``lookups``
+    rows of values and their indices (merged, a batch's distinct rows are fewer)."""
+    width = g.values.shape[1:].num_elements() or 1
+    return int(lookups) * (width * g.values.dtype.size + g.indices.dtype.size)
+
+
 def payload_bytes(tensors) -> int:
     """Bytes of ``tensors`` as they are handed to a collective (their own dtype)."""
+    import tensorflow as tf
     total = 0
     for t in tensors:
+        if isinstance(t, tf.IndexedSlices):
+            raise TypeError("payload_bytes takes dense tensors; count sparse ones with sparse_bytes")
         n = 1
         for d in t.shape:
             n *= int(d)
