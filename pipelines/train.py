@@ -54,14 +54,15 @@ def auto_batch_size(rows: int, num_proc: int, validation_fraction: float) -> int
 
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
                     checkpoint_dir: str = "", trace_dir: str = "",
-                    layout: dict | None = None, rows: int | None = None) -> KerasHorovodEstimator:
+                    layout: dict | None = None, rows: int | None = None, row_id: str = "") -> KerasHorovodEstimator:
     """The estimator the train step uses, from the ``train`` section of the config.
 
     ``layout`` (``prepare.embedding_layout`` of an embedding-encoded prepare model, with
     ``numeric_dim``) picks the tabular network: one embedding per categorical column, the
     numbers beside them; without it, the MLP on the prepared vector. ``train.batch_size: 0``
     takes the batch from ``rows`` (:func:`auto_batch_size`). With ``train.trace``, the deep
-    traces go to ``trace_dir``."""
+    traces go to ``trace_dir``. ``row_id`` (the training table's key) draws each row's side
+    of the validation split, identical rows apart."""
     t = train_cfg
     batch = t.batch_size
     if not batch:
@@ -83,7 +84,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
         loss=t.loss or DEFAULT_LOSS[task], modelArgs=args, modelBuilder=builder,
         numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate,
-        metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction,
+        metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction, rowIdCol=row_id,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, warmupEpochs=t.warmup_epochs,
         lrSchedule=t.lr_schedule, strategy=t.strategy, stallTimeout=t.stall_timeout,
@@ -153,10 +154,12 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
     fingerprint = lineage.fingerprint(train)
     forced = (run.run_id, run.generation) if run.forced else None
     layout = network_layout(prepare_model, train)
+    key = cfg.dataset.key_column
 
     def estimator_for(train_cfg, checkpoint_run: str) -> KerasHorovodEstimator:
         return keras_estimator(train_cfg, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
+                               row_id=key if key in train.columns else "",
                                trace_dir=paths.trace_dir(run.run_id))
 
     def checkpoint_for(train_cfg) -> str:

@@ -59,7 +59,6 @@ from typing import Any, Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pyspark.ml.functions import vector_to_array
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -68,7 +67,7 @@ from sparkdeep.distributed import RankFailedError
 from sparkdeep.errors import error_line
 from sparkdeep.registry import Columns
 from sparkdeep.transformers.keras.rank_loop import DIVERGED
-from sparkdeep.transformers.sampling import hash_uniform
+from sparkdeep.transformers.sampling import with_row_draw
 
 from . import baselines as bl
 from . import evaluate
@@ -419,10 +418,11 @@ def xgboost_params(trial: optuna.Trial, space) -> dict:
 
 
 def validation_split(rows: DataFrame, fraction: float, seed: int) -> tuple[DataFrame, DataFrame]:
-    """(fit rows, validation rows) of assembled rows, by a seeded hash of each row's
-    features and label: the same rows whatever their order or partitioning."""
-    h = F.xxhash64(F.lit(seed), vector_to_array(bl.ASSEMBLED), F.col(bl.LABEL))
-    marked = rows.withColumn("_validation", hash_uniform(h) < fraction)
+    """(fit rows, validation rows) of assembled rows, each row on its own side by a seeded
+    hash of its features, label and place among identical rows
+    (:func:`~sparkdeep.transformers.sampling.with_row_draw`): the same rows whatever their
+    order or partitioning, and the copies of a repeated row on both sides as chance has it."""
+    marked = with_row_draw(rows, "_draw", seed).withColumn("_validation", F.col("_draw") < fraction).drop("_draw")
     return (marked.filter(~F.col("_validation")).drop("_validation"),
             marked.filter(F.col("_validation")).drop("_validation"))
 

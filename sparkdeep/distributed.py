@@ -539,7 +539,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, data=None, spill=None, stall_timeout: float = 120.0,
                  env: dict | None = None, stdout=None,
-                 on_put: Callable[[int, str, bytes], None] | None = None, backend: str = "horovod") -> list:
+                 on_put: Callable[[int, str, bytes], None] | None = None, backend: str = "horovod",
+                 shuffle_seed: int | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks; return results by rank.
 
     ``data`` (a DataFrame), when given, is repartitioned into ``num_proc`` partitions and
@@ -554,7 +555,10 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     raised in that rank. ``stdout``: a stream for the ranks' output lines (default: the
     ``sparkdeep.distributed`` logger, at INFO). ``backend``: how the ranks find each other,
     ``'horovod'`` (Gloo rendezvous, ``HOROVOD_*``) or ``'tensorflow'`` (``TF_CONFIG``; no
-    Horovod import on the driver or in the ranks).
+    Horovod import on the driver or in the ranks). ``shuffle_seed``: each partition's rows
+    in a seeded random order, so a rank's shard is spilled shuffled: rows that arrive in
+    runs (a table sorted by a column, copies of a repeated row, which the repartition's
+    local sort puts side by side) do not stay in runs a streamed window cannot mix.
 
     Raises
     ------
@@ -619,9 +623,12 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                 rank, result = _rank_task(batches, conf, shipped.value)
                 yield pa.RecordBatch.from_arrays([pa.array([rank], pa.int32()), pa.array([result], pa.binary())],
                                                  schema=schema)
+            parts = data.repartition(num_proc)
+            if shuffle_seed is not None:
+                from pyspark.sql import functions as F
+                parts = parts.sortWithinPartitions(F.rand(int(shuffle_seed)))
             rows = [(r["rank"], r["result"]) for r in
-                    data.repartition(num_proc).mapInArrow(run_arrow, "rank int, result binary",
-                                                          barrier=True).collect()]
+                    parts.mapInArrow(run_arrow, "rank int, result binary", barrier=True).collect()]
         return [cloudpickle.loads(result) for _, result in sorted(rows, key=lambda r: r[0])]
     except Exception as exc:
         if "found" in stall:

@@ -23,7 +23,9 @@ to hash than the scan of a cached table (``keyCols`` naming an id column avoids 
 Exact duplicate rows hash alike. Counts stay exact all the same: where the n-th row's
 hash is shared by more rows than are still needed, the sample takes just the number
 needed of those identical rows (which copies is immaterial: they are equal). With
-``fraction`` (Bernoulli, approximate by nature) duplicates are kept or dropped together.
+``fraction`` (Bernoulli, approximate by nature) and no ``keyCols`` each copy of a repeated
+row is kept or dropped on its own draw (:func:`with_row_draw`, one shuffle to number the
+copies); with ``keyCols``, rows sharing their key values go together.
 """
 from __future__ import annotations
 
@@ -114,6 +116,28 @@ def _needs_conversion(dtype: T.DataType) -> bool:
 def hash_uniform(h: Column) -> Column:
     """Map a 64-bit hash to [0, 1): the one place a hash becomes a sampling decision."""
     return F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
+
+
+def with_row_draw(df: DataFrame, name: str, seed: int, id_cols: list[str] | tuple = ()) -> DataFrame:
+    """``df`` plus column ``name``: a number in [0, 1) for each row from a seeded hash, the
+    same whatever the partitioning. Compared with a fraction it puts each *row* on one side
+    of a split independently: identical rows are separate rows.
+
+    With ``id_cols`` (columns that tell rows apart: a key) it hashes those alone. Without,
+    it hashes the whole row and the row's place among rows identical to it (0, 1, ...;
+    one shuffle to number them): each copy of a repeated row draws its own number, where a
+    hash of the content alone would send every copy to the same side. Which copy gets
+    which place is immaterial: they are equal."""
+    from pyspark.sql import Window
+    if id_cols:
+        return df.withColumn(name, hash_uniform(row_hash(hash_columns(df.schema, list(id_cols)), seed, df.schema)))
+    whole = [f.name for f in df.schema.fields]
+    content = [hashable(F.col(c), df.schema[c].dataType, c) for c in whole]
+    h = F.xxhash64(F.lit(int(seed)), *content)
+    # Partitioned by the hash and the values themselves: rows sharing a hash but not their
+    # values are numbered apart.
+    place = F.row_number().over(Window.partitionBy(h, *content).orderBy(F.lit(0)))
+    return df.withColumn(name, hash_uniform(F.xxhash64(F.lit(int(seed)), h, place)))
 
 
 def hash_columns(schema: T.StructType, key_cols: list[str]) -> list[str]:
@@ -480,7 +504,14 @@ class UniformSamplerModel(_SamplerModel, _UniformParams):
     def sample(self, dataset: DataFrame) -> DataFrame:
         plan = self._plan
         if plan["mode"] == "fraction":
-            return dataset.where(hash_uniform(self._hash(dataset, self.getSeed())) < F.lit(plan["fraction"]))
+            if self.getOrDefault(self.keyCols):
+                return dataset.where(hash_uniform(self._hash(dataset, self.getSeed())) < F.lit(plan["fraction"]))
+            # No key: each copy of a repeated row draws apart (with_row_draw).
+            draw = "__draw"
+            while draw in dataset.columns:
+                draw += "_"
+            drawn = with_row_draw(dataset, draw, self.getSeed())
+            return drawn.where(F.col(draw) < F.lit(plan["fraction"])).drop(draw)
         return self._keep(dataset, F.lit(_ALL), {_ALL: plan["threshold"]})
 
     @property

@@ -37,7 +37,7 @@ from sparkdeep.names import quoted
 from sparkdeep.registry import Choices
 
 from ..keras_models import DEFAULT_BUILDERS
-from ..sampling import hash_uniform
+from ..sampling import with_row_draw
 from . import rank_loop, strategies
 from .checkpoints import CheckpointStore, check_signature, read_checkpoint, checkpoint_signature
 from .contract import RankSpec, Staged
@@ -51,6 +51,9 @@ from .params import (CheckpointParams, RunParams, NetworkParams, ScoringParams,
 from .staging import apply_handle_invalid, check_training_rows, float_arrays, task_slots
 
 log = logging.getLogger(__name__)
+
+#: Working columns of the staged rows while the validation split is drawn.
+_ROW_ID, _DRAW = "__row_id", "__validation_draw"
 
 
 class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
@@ -78,7 +81,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                  compression: str | None = None, scaleLearningRate: bool | None = None,
                  warmupEpochs: float | None = None, lrSchedule: str | None = None,
                  validationFraction: float | None = None,
-                 validationCol: str | None = None, earlyStoppingPatience: int | None = None,
+                 validationCol: str | None = None, rowIdCol: str | None = None,
+                 earlyStoppingPatience: int | None = None,
                  runId: str | None = None, checkpointDir: str | None = None,
                  shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
                  stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
@@ -153,6 +157,10 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             raise ValueError("set validationCol or validationFraction, not both")
         if vcol and (vcol not in schema.fieldNames() or not isinstance(schema[vcol].dataType, T.BooleanType)):
             raise ValueError(f"validationCol {vcol!r} must be a boolean column of the input")
+        rid = self.getOrDefault(self.rowIdCol)
+        if rid and rid not in schema.fieldNames():
+            raise ValueError(f"rowIdCol {rid!r} is not a column of the input (columns: "
+                             f"{', '.join(schema.fieldNames())})")
         if self.getOrDefault(self.earlyStoppingPatience) < 0:
             raise ValueError("earlyStoppingPatience must be >= 0")
         if self.getOrDefault(self.traceDir) and not 1 <= self.getOrDefault(self.traceEpoch) <= self.getEpochs():
@@ -245,10 +253,17 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
         if vcol:
             cols.append(F.coalesce(F.col(quoted(vcol)), F.lit(False)).alias(Staged.IS_VALIDATION))
-        elif frac:
-            h = F.xxhash64(F.lit(self.getOrDefault(self.seed)), feats, F.col(quoted(lcol)))
-            cols.append((hash_uniform(h) < frac).alias(Staged.IS_VALIDATION))
+        rid = self.getOrDefault(self.rowIdCol)
+        if frac and rid:
+            cols.append(F.col(quoted(rid)).alias(_ROW_ID))
         staged = dataset.select(*cols)
+        if frac and not vcol:
+            # Each row on its own side, identical rows too: by its id, or by its content and
+            # its place among identical rows. A hash of the content alone would put every copy
+            # of a repeated row on one side (whole combinations never trained on).
+            drawn = with_row_draw(staged, _DRAW, self.getOrDefault(self.seed), [_ROW_ID] if rid else ())
+            staged = drawn.select(*[c for c in staged.columns if c != _ROW_ID],
+                                  (F.col(_DRAW) < frac).alias(Staged.IS_VALIDATION))
         # One pass on the driver's orders, before any shard is written or rank started:
         # vector lengths, unusable rows, and the label range the task needs.
         checked = check_training_rows(staged, fcol, wcol)
@@ -323,7 +338,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         results = run_on_ranks(rank_loop.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
                                stall_timeout=self.getOrDefault(self.stallTimeout),
                                on_put=CheckpointStore(folder, signature) if folder else None,
-                               backend=strategies.backend_for(spec.strategy))
+                               backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
         t_done = time.time()
 
         chief = results[0]

@@ -183,11 +183,16 @@ class ValidationParams(Params):
     """Held-out rows per rank, and early stopping on their loss."""
 
     validationFraction = Param(Params._dummy(), "validationFraction",
-                               "share of rows held out for validation, by row hash (0 = none)",
+                               "share of rows held out for validation, each row drawn on its own by a "
+                               "seeded hash (rowIdCol); 0 = none",
                                typeConverter=TypeConverters.toFloat)
     validationCol = Param(Params._dummy(), "validationCol",
                           "boolean column marking validation rows ('' = use validationFraction)",
                           typeConverter=TypeConverters.toString)
+    rowIdCol = Param(Params._dummy(), "rowIdCol",
+                     "column that tells rows apart (a key), hashed to draw each row's side of the "
+                     "validationFraction split; '' = the whole row and its place among identical rows",
+                     typeConverter=TypeConverters.toString)
     earlyStoppingPatience = Param(Params._dummy(), "earlyStoppingPatience",
                                   "stop after this many epochs without improvement of val_loss "
                                   "(loss without validation) and keep the best weights; 0 = off",
@@ -195,7 +200,7 @@ class ValidationParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(validationFraction=0.0, validationCol="", earlyStoppingPatience=0)
+        self._setDefault(validationFraction=0.0, validationCol="", rowIdCol="", earlyStoppingPatience=0)
 
 class CheckpointParams(Params):
     """Per-epoch checkpoints under checkpointDir/runId; fit with the same runId resumes."""
