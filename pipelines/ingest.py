@@ -907,12 +907,14 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
                            f"{report['rows_rejected']} rejected + {report['rows_filtered']} filtered")
     write_json(record, source.declared.jsonValue())
     claim_output(paths, spec, write=True)
+    levels = approx_distinct(source.df, categorical)  # every categorical column's levels, in one pass
     report.update({
         "dataset": spec.name, "task": spec.task, "spec_file": spec.file,
         "source": {"format": spec.source.format, "path": spec.source.path, "table": spec.source.table,
                    "loader": spec.source.loader, "version": source.version,
                    "declared_from": source.declared_from, **source.notes},
-        "features": {"categorical": categorical, "numeric": numeric, "left_out": left_out},
+        "features": {"categorical": categorical, "numeric": numeric, "left_out": left_out,
+                     "levels": levels},
         "new_columns_ignored": source.new_columns,
         "label": {"column": spec.label.column, **{k: v for k, v in plan.items() if k != "task"}},
         "tables": {spec.table: out.as_dict(), spec.rejected_table: rej.as_dict()},
@@ -928,7 +930,29 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
     log.info(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
              + (f"; left out {len(left_out)}: {listed(sorted(left_out), 10)}" if left_out else "")
              + (f"; new source columns ignored: {listed(source.new_columns, 10)}" if source.new_columns else ""))
+    log_levels(levels, left_out)
     return report
+
+
+#: The most columns :func:`log_levels` names one line each (the report holds them all).
+LINES_PER_KIND = 20
+
+
+def log_levels(levels: dict[str, int], left_out: dict[str, str]) -> None:
+    """One console line per categorical column with its level count (the most levels first)
+    and one per column left out, with the reason: no column leaves the features unsaid. Past
+    :data:`LINES_PER_KIND` lines of a kind, one line counts the rest."""
+    ranked = sorted(levels.items(), key=lambda kv: -kv[1])
+    for name, n in ranked[:LINES_PER_KIND]:
+        log.info("[ingest] categorical %r: about %d levels", name, n)
+    if len(ranked) > LINES_PER_KIND:
+        log.info("[ingest] ... and %d more categorical columns (features.levels in the ingest report)",
+                 len(ranked) - LINES_PER_KIND)
+    for name in sorted(left_out)[:LINES_PER_KIND]:
+        log.info("[ingest] left out %r: %s", name, left_out[name])
+    if len(left_out) > LINES_PER_KIND:
+        log.info("[ingest] ... and %d more columns left out (features.left_out in the ingest report)",
+                 len(left_out) - LINES_PER_KIND)
 
 
 def _top(counts: dict, at_most: int = 10) -> str:

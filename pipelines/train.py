@@ -189,6 +189,8 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
         log.info(f"[train] the network is tune trial {network.best.number}'s model (from its checkpoint "
                  f"{checkpoint_run}, {len(keras_model.trainingSummary['history'])} epochs)")
     check_finite(keras_model)
+    keras_model.trainingSummary["scored_train_loss"] = scored_train_loss(
+        keras_model, train, task, loss=estimator.getOrDefault(estimator.loss), seed=cfg.seed)
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
     b = cfg.baselines
     names = bl.names_for(task, tuple(b.models) or None)
@@ -217,6 +219,45 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
         report["tune"] = searches
     return (scoring_pipeline(prepare_model, keras_model, classes),
             baseline, report)
+
+
+#: The most training rows :func:`scored_train_loss` scores (a seeded sample of rows above it).
+SCORED_ROWS = 50_000
+
+
+def scored_train_loss(model, train, task: str, *, loss: str, seed: int) -> dict | None:
+    """The fitted network's loss on its training rows as the saved model scores them (its
+    ``transform``, weighted as the ranks weight: the mean of weight x loss), beside the
+    ranks' last-epoch figure, so a model that scores otherwise than it trained shows in the
+    step's report and on the console. At most :data:`SCORED_ROWS` rows (a seeded sample,
+    each row drawn on its own). None for a loss other than the task's usual ones."""
+    losses = {"binary_crossentropy", "sparse_categorical_crossentropy", "mse", "mae"}
+    if loss.lower() not in losses:
+        return None
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+    rows = train.count()
+    sample = train if rows <= SCORED_ROWS else train.sample(fraction=SCORED_ROWS / rows, seed=seed)
+    scored = model.transform(sample.select(FEATURES, LABEL, WEIGHT))
+    y, w = F.col(LABEL), F.col(WEIGHT)
+    eps = 1e-7  # Keras' clip of a probability before its log
+    if task == "binary":
+        p = F.least(F.greatest(vector_to_array(Columns.PROBABILITY)[1], F.lit(eps)), F.lit(1 - eps))
+        each = -(y * F.log(p) + (1 - y) * F.log(1 - p))
+    elif task == "multiclass":
+        p = F.element_at(vector_to_array(Columns.PROBABILITY), y.cast("int") + 1)
+        each = -F.log(F.least(F.greatest(p, F.lit(eps)), F.lit(1 - eps)))
+    else:
+        d = F.col(Columns.PREDICTION) - y
+        each = d * d if loss.lower() == "mse" else F.abs(d)
+    row = scored.agg(F.avg(each * w).alias("loss"), F.count("*").alias("rows")).first()
+    history = model.trainingSummary.get("history") or []
+    last = history[-1]["loss"] if history else None
+    out = {"loss": float(row["loss"]), "rows": int(row["rows"]), "ranks_last_epoch": last}
+    log.info("[train] train loss as scored: %.4f on %d training rows (the ranks' last epoch: %s, measured while "
+             "training: dropout on, weights moving)", out["loss"], out["rows"],
+             "n/a" if last is None else f"{last:.4f}")
+    return out
 
 
 def _log_fit(summary: dict, t, fit_s: dict[str, float]) -> None:

@@ -604,3 +604,26 @@ def test_the_config_and_a_spec_word_a_wrong_value_alike(tmp_path, value, word):
         load_spec(write_spec(tmp_path, "typed", body))
     with pytest.raises(ConfigError, match=f"config key 'train.epochs' .*: {word}"):
         load_config(default_conf_dir(), overrides=[f"train.epochs={value}"])
+
+
+def test_ingest_reports_every_categorical_column_s_levels_and_says_why_a_column_is_left_out(spark, tmp_path, caplog,
+                                                                                         monkeypatch):
+    """An ID-like string column over features.max_categories is left out with a console line
+    naming it and its level count; every categorical column's level count is in the report."""
+    import logging
+    pdf = table(300)
+    pdf["user"] = [f"u{i}" for i in range(300)]  # an ID: one level per row
+    src = str(tmp_path / "src.parquet")
+    spark.createDataFrame(pdf).write.parquet(src)
+    spec = write_spec(tmp_path, "ids", {"source": {"format": "parquet", "path": src}, "key": "id",
+                                        "label": {"column": "amount", "task": "regression"},
+                                        "features": {"max_categories": 100}})
+    monkeypatch.setattr(logging.getLogger("sparkdeep"), "propagate", True)  # to caplog's handler
+    with caplog.at_level(logging.INFO, logger="sparkdeep"):
+        report = run_ingest(spark, config(spec, tmp_path / "out"))
+    features = report["features"]
+    assert "user" in features["left_out"] and "max_categories=100" in features["left_out"]["user"]
+    assert set(features["levels"]) == set(features["categorical"]) and 2 <= features["levels"]["colour"] <= 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("[ingest] left out 'user': about") and "max_categories=100" in line for line in lines)
+    assert any(line.startswith("[ingest] categorical 'colour': about") for line in lines)

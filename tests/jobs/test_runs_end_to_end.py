@@ -88,6 +88,10 @@ def test_steps_reconcile_and_a_fresh_process_scores_exactly_like_the_saved_model
     report = json.load(open(full_run / "runs" / "full" / "reports" / "train.json"))
     assert len(report["keras"]["ranks"]) == 2
     assert len({r["weights_digest"] for r in report["keras"]["ranks"]}) == 1
+    # The saved network scores its training rows as the ranks measured them (their figure is
+    # taken while training, dropout on: a little higher), not worse.
+    scored = report["keras"]["scored_train_loss"]
+    assert scored["rows"] > 1000 and scored["loss"] < scored["ranks_last_epoch"] + 0.02, scored
 
     saved = [f for f in glob.glob(m["models"]["pipeline"] + "/**/*", recursive=True) if os.path.isfile(f)]
     assert any(f.endswith(".keras") for f in saved)
