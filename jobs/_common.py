@@ -5,17 +5,25 @@ into a ``main()`` that works under ``python -m`` and ``spark-submit``. The run's
 (output lock, manifest, skipping finished or redoing stale steps, reports, the runs table)
 belongs to :class:`sparkdeep.runs.Run`; this module adds the command line, the Spark
 session and a one-line reason with an exit status on failure.
+
+A failure is one line on standard error, the last: a training rank's as ``[train] rank 1
+failed: AttributeError: ... (at transformers/keras/rank_loop.py:312 in fused)``, anything
+else as ``train: failed in step train: <type>: <message's first line>`` (a Spark error's
+root cause). ``--traceback`` prints the stacks before it: Python's, the JVM's, and a failed
+rank's own traceback (which its process sent to the driver).
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 import traceback
 from typing import Callable
 
 from sparkdeep import logs, progress, storage
 from sparkdeep.config import Config, ConfigError, default_conf_dir, load_config
+from sparkdeep.distributed import RankFailedError
 from sparkdeep.errors import error_line
 from sparkdeep.paths import Paths
 from sparkdeep.runs import AdhocStep, StepRun
@@ -47,7 +55,7 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
                    help="take over the output lock of a run that is known to be gone, on an hdfs:// or other "
                         "non-local output folder (a local folder's lock dies with its process; a lock left by "
                         "a run on this host is taken over without this)")
-    p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_traceback(p)
     add_verbosity(p)
     return p
 
@@ -62,6 +70,13 @@ def add_config_args(p: argparse.ArgumentParser, used_for: str = "") -> None:
                    help="overlay folder under --conf-dir applied over base/ (e.g. local, ci, cluster)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set train.epochs=3 (repeatable)")
+
+
+def add_traceback(p: argparse.ArgumentParser) -> None:
+    """``--traceback``: the stacks behind a failure's one line (:func:`failed`)."""
+    p.add_argument("--traceback", action="store_true",
+                   help="on failure, print the full stacks before the one-line error: Python's, the JVM's "
+                        "(Spark's) and a failed training rank's own traceback")
 
 
 def add_verbosity(p: argparse.ArgumentParser) -> None:
@@ -79,11 +94,43 @@ Outputs: <output>/tables (Delta), models/runs/<run_id>/ (each run's models), mod
 Delta table of runs at <output>/tables/runs."""
 
 
-def failed(label: str, exc: BaseException, show_traceback: bool) -> int:
-    """One line naming what failed (the traceback too with ``--traceback``); exit status 1."""
+HINT = "rerun with --traceback for the full stacks"
+# Spark's setting that puts the JVM's stack into a Python-side Spark error's text.
+JVM_STACKS = {"spark.sql.pyspark.jvmStacktrace.enabled": "true"}
+
+
+def start_session(cfg: Config, app_name: str, spark_level: str, show_traceback: bool = False):
+    """A job's Spark session: Spark's log at ``spark_level`` (:func:`sparkdeep.logs.verbosity`),
+    started quiet unless that is INFO; ``show_traceback`` (``--traceback``) puts the JVM's stack
+    into the text of the Spark errors raised to Python, for :func:`failed` to print."""
+    # Here, not at the top: importing PySpark costs 0.3 s (measured), which --help, a bad
+    # config and a run with nothing left to do skip.
+    from sparkdeep.session import builder
+    spark = builder(cfg.spark, app_name=app_name, quiet=spark_level != "INFO",
+                    extra=JVM_STACKS if show_traceback else None).getOrCreate()
+    spark.sparkContext.setLogLevel(spark_level)
+    return spark
+
+
+def failed(label: str, exc: BaseException, show_traceback: bool, step: str | None = None, note: str = "") -> int:
+    """One line naming what failed and why, with ``note`` after it; exit status 1.
+
+    A training rank's failure reads ``[step] rank 1 failed: <its line>`` (type, message and
+    the frame in the user's code: :func:`sparkdeep.errors.error_line`), anything else
+    ``label: failed in step <step>: <type>: <message's first line>``. ``show_traceback``
+    prints the stacks first (Python's, the JVM's in a Spark error, the rank's own); without
+    it the line ends in a hint to ask for them."""
     if show_traceback:
-        traceback.print_exc()
-    log.error(f"{label}: failed: {error_line(exc)}")
+        traceback.print_exception(exc)
+        details = getattr(exc, "details", "")
+        if details:
+            print(f"\nRank {exc.rank}'s own traceback, in its process:\n{details}", file=sys.stderr, end="")
+    if isinstance(exc, RankFailedError):
+        who = f"rank {exc.rank}" if exc.rank is not None else "a training rank"
+        line = f"[{step or label}] {who} failed: {exc.message}"
+    else:
+        line = f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}"
+    log.error(line + note + ("" if show_traceback else f"; {HINT}"))
     return 1
 
 
@@ -144,10 +191,7 @@ def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace,
             require(cfg)
 
         def session():
-            from sparkdeep.session import builder
-            spark = builder(cfg.spark, app_name=app_name, quiet=spark_level != "INFO").getOrCreate()
-            spark.sparkContext.setLogLevel(spark_level)
-            return spark
+            return start_session(cfg, app_name, spark_level, getattr(args, "traceback", False))
         # A local output folder is locked and its manifest read without a JVM (a run whose
         # steps are all done starts no Spark); an hdfs:// or s3a:// one needs Spark's
         # Hadoop FileSystem from the start.
@@ -176,12 +220,8 @@ def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace,
         log.error(f"{label}: {exc}")
         return 3
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
-        if args.traceback:
-            traceback.print_exc()
-        step = run.current if run is not None else None
         lost = f" (and the manifest could not record it: {run.unrecorded})" if run and run.unrecorded else ""
-        log.error(f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}{lost}")
-        return 1
+        return failed(label, exc, getattr(args, "traceback", False), run.current if run is not None else None, lost)
     return 0
 
 

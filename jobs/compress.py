@@ -22,7 +22,7 @@ import sys
 
 from sparkdeep import logs, tracking
 from sparkdeep.config import Config, ConfigError
-from sparkdeep.jobs._common import add_config_args, add_verbosity, failed, load
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, start_session
 
 log = logging.getLogger("sparkdeep.jobs.compress")
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(p, "Spark settings, train's rank settings, compress, tracking")
     p.add_argument("--dataset", default=None,
                    help="data set spec (default: the one the output folder holds, its dataset.json)")
-    p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_traceback(p)
     add_verbosity(p)
     args = p.parse_args(argv)
     logs.quiet_native(args.verbose)
@@ -73,9 +73,7 @@ def _compress(args: argparse.Namespace, spark_level: str) -> int:
             raise ConfigError("compress.variants is empty: name at least one variant")
         from sparkdeep.paths import Paths
         from sparkdeep.pipelines.compress import compress_promoted, table
-        from sparkdeep.session import builder
-        spark = builder(cfg.spark, app_name="sparkdeep-compress", quiet=spark_level != "INFO").getOrCreate()
-        spark.sparkContext.setLogLevel(spark_level)
+        spark = start_session(cfg, "sparkdeep-compress", spark_level, args.traceback)
         paths = Paths.under(cfg.output_dir)
         report = compress_promoted(spark, cfg, paths)
         log.info(f"[compress] run {report['run_id']} ({report['task']}, {report['holdout_rows']} holdout rows):\n"

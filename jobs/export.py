@@ -25,7 +25,7 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.config import ConfigError
-from sparkdeep.jobs._common import add_config_args, add_verbosity, failed, load
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, start_session
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
 # sparkdeep logger and its handler.
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=None,
                    help="log the export as an MLflow model of the promoted model's MLflow run (default: when "
                         "tracking is on and that run exists; --mlflow: always, --no-mlflow: never)")
-    p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_traceback(p)
     add_verbosity(p)
     args = p.parse_args(argv)
     logs.quiet_native(args.verbose)
@@ -59,9 +59,7 @@ def _export(args: argparse.Namespace, spark_level: str) -> int:
             raise ConfigError("--mlflow needs tracking on (tracking.enabled: true)")
         from sparkdeep.pipelines.export import export_promoted
         from sparkdeep.paths import Paths
-        from sparkdeep.session import builder
-        spark = builder(cfg.spark, app_name="sparkdeep-export", quiet=spark_level != "INFO").getOrCreate()
-        spark.sparkContext.setLogLevel(spark_level)
+        spark = start_session(cfg, "sparkdeep-export", spark_level, args.traceback)
         info = export_promoted(spark, Paths.under(cfg.output_dir), to=args.to)
         log.info(f"[export] the {info['task']} pipeline of run {info['run_id']} ({info['source']}) -> "
                  f"{info['out_dir']}: {info['files']['keras']}, {info['files']['saved_model']}/, schema.json; "

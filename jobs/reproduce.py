@@ -16,8 +16,7 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.config import ConfigError, load_config
-from sparkdeep.errors import error_line
-from sparkdeep.jobs._common import add_config_args, add_verbosity
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, start_session
 from sparkdeep.registry import Models
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
@@ -36,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                         "the ingested table (named by the dataset spec), train and holdout are recorded too)")
     p.add_argument("--to", default=None, help="write the re-created table here as Delta (overwrite)")
     add_config_args(p, "Spark settings")
+    add_traceback(p)
     add_verbosity(p)
     args = p.parse_args(argv)
     logs.quiet_native(args.verbose)
@@ -47,9 +47,7 @@ def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
     try:
         cfg = load_config(args.conf_dir, env=args.env, overrides=args.overrides)
         from sparkdeep import delta_io, lineage
-        from sparkdeep.session import builder
-        spark = builder(cfg.spark, app_name="sparkdeep-reproduce", quiet=spark_level != "INFO").getOrCreate()
-        spark.sparkContext.setLogLevel(spark_level)
+        spark = start_session(cfg, "sparkdeep-reproduce", spark_level, args.traceback)
         model = args.model
         from sparkdeep.storage import Storage
         st = Storage(spark)
@@ -67,8 +65,7 @@ def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
         log.error(f"reproduce: config error: {exc}")
         return 2
     except Exception as exc:  # noqa: BLE001
-        log.error(f"reproduce: failed: {error_line(exc)}")
-        return 1
+        return failed("reproduce", exc, args.traceback)
     return 0
 
 

@@ -19,7 +19,7 @@ import signal
 import sys
 
 from sparkdeep import logs
-from sparkdeep.jobs._common import add_verbosity, failed
+from sparkdeep.jobs._common import add_traceback, add_verbosity, failed
 from sparkdeep.paths import Paths, read_json
 from sparkdeep.pipelines.export import EXPORT_DIR, SCHEMA_FILE, promoted_export_id
 from sparkdeep.registry import Models
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ignore columns the export does not know instead of refusing the request (422)")
     p.add_argument("--eager", action="store_true",
                    help="run the model eagerly, as ExportedModel.predict does, not as a traced graph (slower)")
-    p.add_argument("--traceback", action="store_true", help="print the full traceback on failure")
+    add_traceback(p)
     add_verbosity(p)
     args = p.parse_args(argv)
     logs.quiet_native(args.verbose)

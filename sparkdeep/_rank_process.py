@@ -3,7 +3,11 @@
 Started by its Spark barrier task (:func:`sparkdeep.distributed._rank_task`), which wrote
 ``WORKDIR/call.pkl`` (the function and its arguments, pickled on this run's driver) and
 set its variables (``SPARKDEEP_RANK``, and its backend's: Horovod's or ``TF_CONFIG``). Beats to the driver while it runs; writes ``result.pkl``, or on
-an exception ``failure.txt`` (also sent to the driver) and exits 1.
+an exception ``failure.txt`` and exits 1. The exception's one line (its type, message and
+the frame in the user's code, :func:`sparkdeep.errors.error_line`) goes to the driver with
+the full traceback, which the driver shows on request (a job's ``--traceback``); on the
+rank's standard error (the Spark task's log, in local mode the console) only when the
+driver could not be told.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ _STARTED = time.time()  # before any import of ours: the interpreter's own start
 
 
 def main(work: str) -> int:
-    from sparkdeep.distributed import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send
+    from sparkdeep.distributed import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send_failure
+    from sparkdeep.errors import error_line
 
     os.environ[PROCESS_START_ENV] = repr(_STARTED)
     rank = os.environ.get(RANK_ENV, "?")
@@ -30,15 +35,19 @@ def main(work: str) -> int:
         result = fn(*args, **kwargs)
         data = cloudpickle.dumps(result)
     except BaseException as exc:  # noqa: BLE001 - reported, then the process exits 1
-        message = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
-        traceback.print_exc(file=sys.stderr)
+        message = error_line(exc, whole=True, where=True)
+        details = "".join(traceback.format_exception(exc))
         with open(os.path.join(work, "failure.txt"), "w") as fh:
             fh.write(message)
+        told = False
         if setting:
             try:
-                send(setting, "fail", rank, message)
+                send_failure(setting, rank, message, details)
+                told = True
             except OSError:
-                pass  # the task reports failure.txt with the stage
+                pass  # the task still reports failure.txt with the stage
+        if not told:
+            sys.stderr.write(details)  # kept in the task's log
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)  # no atexit hooks: a backend's shutdown may block on a peer that is gone

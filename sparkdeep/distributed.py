@@ -29,9 +29,11 @@ found by its missing heartbeat (and named) before a peer's collective gives up o
 
 Failures end the run with a :class:`RankFailedError` naming the rank, never a hang:
 
-- a rank that raises sends its error to the driver (a small TCP channel), a rank that
-  exits without an exception is reported by its task with the exit code; Spark then kills
-  the stage's other tasks (barrier semantics), and their ranks with them;
+- a rank that raises sends its error to the driver (a small TCP channel) as one line (type,
+  message, and the frame in the user's code: :func:`sparkdeep.errors.error_line`) with its
+  full traceback (the error's ``details``), a rank that exits without an exception is
+  reported by its task with the exit code; Spark then kills the stage's other tasks
+  (barrier semantics), and their ranks with them;
 - each rank sends a heartbeat every few seconds from a thread of its own; a rank silent for
   ``stall_timeout`` seconds (frozen, swapped out, its host unreachable) makes the driver
   cancel the stage's job (by job tag), which kills every task and rank; when a collective
@@ -69,14 +71,17 @@ PROCESS_START_ENV = "SPARKDEEP_PROCESS_START"
 FAST_EXIT_ENV = "SPARKDEEP_FAST_EXIT"
 BACKENDS = ("horovod", "tensorflow", "tensorflow_ps")
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
+_TRACE_CHARS = 100_000  # the most of a rank's traceback sent to the driver (its tail)
 
 
 class RankFailedError(RuntimeError):
-    """A rank raised, exited or stalled; ``rank`` and ``message`` say which and why."""
+    """A rank raised, exited or stalled; ``rank`` and ``message`` (one line) say which and
+    why; ``details`` is the rank's own Python traceback when it raised (else "")."""
 
-    def __init__(self, rank: int | None, message: str):
+    def __init__(self, rank: int | None, message: str, details: str = ""):
         self.rank = rank
         self.message = message
+        self.details = details
         who = f"Training rank {rank}" if rank is not None else "A training rank"
         super().__init__(f"{who} failed: {message}")
 
@@ -84,7 +89,8 @@ class RankFailedError(RuntimeError):
 class _Channel:
     """The driver's listener for the ranks and their tasks: one text line per message,
     ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``done`` (the rank's
-    process ended), ``fail`` (rest: the error), ``log`` (rest: a line of the rank's output,
+    process ended), ``fail`` (rest: the error), ``trace`` (rest: the rank's traceback as a
+    JSON string, sent before its ``fail``), ``log`` (rest: a line of the rank's output,
     printed on the driver), ``join`` (rest: what a task tells every other as JSON; answered,
     once all ``size`` tasks have joined and the rendezvous holds task 0's host plan, with
     ``ok`` and every task's JSON in rank order: Spark's ``allGather`` and ``barrier`` would do
@@ -104,6 +110,7 @@ class _Channel:
         self.beats: dict = {}
         self.finished: set = set()
         self.failures: list = []
+        self.traces: dict = {}
         lock = threading.Lock()
         channel = self
 
@@ -130,6 +137,11 @@ class _Channel:
                     elif kind == "fail":
                         with lock:
                             channel.failures.append((rank, rest))
+                    elif kind == "trace":
+                        try:
+                            channel.traces[rank] = str(json.loads(rest))
+                        except ValueError:
+                            pass  # cut short: the one-line error still comes
                     elif kind == "log":
                         try:
                             if out is None:
@@ -221,6 +233,19 @@ def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = Fa
             reply = conn.makefile("rb").readline()
             if reply.strip() != b"ok":
                 raise RuntimeError(f"the driver did not accept the {kind} message (reply {reply!r})")
+
+
+def send_failure(setting: str, rank, message: str, details: str = "") -> None:
+    """From a rank: its error as one line and, before it on the same connection (so the
+    driver holds both once it sees the error), its full traceback ``details``."""
+    import socket
+    address, fail = _address_and_line(setting, "fail", rank, message)
+    lines = [fail]
+    if details:
+        # The channel reads lines of up to 1 MiB: the innermost frames are the ones to keep.
+        lines.insert(0, _address_and_line(setting, "trace", rank, json.dumps(details[-_TRACE_CHARS:]))[1])
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"".join(lines))
 
 
 def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
@@ -563,7 +588,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     Raises
     ------
     RankFailedError
-        A rank raised, exited, or stalled; the error names the rank and why.
+        A rank raised, exited, or stalled; the error names the rank and why in one line
+        (``message``: a raising rank's error and the frame of the user's code it came from),
+        a raising rank's own traceback in ``details``.
     """
     import cloudpickle
     import pyarrow as pa
@@ -699,7 +726,7 @@ def _explain(exc: BaseException, channel: _Channel, silent_after: float = 25.0) 
         others = sorted({r for r, _ in channel.failures if r != rank})
         if others:
             message += f" (then rank(s) {', '.join(map(str, others))} stopped too)"
-        raise RankFailedError(rank, message) from exc
+        raise RankFailedError(rank, message, channel.traces.get(rank, "")) from exc
     text = str(exc)
     match = re.search(r"Training rank (\d+) failed: ([^\n]*)", text)
     if match:

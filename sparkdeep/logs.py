@@ -80,13 +80,31 @@ def install_default() -> None:
         logger.warning("SPARKDEEP_LOG_LEVEL=%r is not a log level: using INFO", os.environ["SPARKDEEP_LOG_LEVEL"])
 
 
+# PySpark's loggers that print a Spark error raised to Python as a JSON record, the JVM's
+# stack in it (17 KB for a division by zero), before the caller has seen the error.
+PYSPARK_ERROR_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+
+
 def quiet_native(verbose: bool = False) -> None:
-    """TensorFlow's native log for this process, the Spark workers and the Horovod ranks it
+    """The libraries' own lines a job's user cannot act on, off unless ``verbose``.
+
+    TensorFlow's native log for this process, the Spark workers and the Horovod ranks it
     starts: its start-up INFO lines (oneDNN, CPU features) and warnings off, or with
     ``verbose`` everything on; left alone when ``TF_CPP_MIN_LOG_LEVEL`` is set already.
     Call before TensorFlow is imported and before the session starts. Only the lines
-    change: ``TF_ENABLE_ONEDNN_OPTS`` (which changes numerics) is left alone."""
+    change: ``TF_ENABLE_ONEDNN_OPTS`` (which changes numerics) is left alone.
+
+    PySpark's record of a Spark error it raises (:data:`PYSPARK_ERROR_LOGGERS`): the error
+    itself still reaches the caller, which a job reports as one line (``--traceback``: with
+    the JVM's stack)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    if not verbose:
+        # Here, not at the top: every import of sparkdeep (a rank, the server) imports this
+        # module, and pyspark.logger costs 0.3-0.4 s (measured). PySpark's own class: a
+        # plain Logger by that name would refuse the keywords PySpark logs with.
+        from pyspark.logger import PySparkLogger
+        for name in PYSPARK_ERROR_LOGGERS:
+            PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 @contextlib.contextmanager

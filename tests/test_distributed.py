@@ -90,6 +90,14 @@ def test_exception_in_one_rank_names_the_rank_without_hanging(spark):
     assert err.value.rank == 1
     assert "ValueError: shard 7 is corrupt" in str(err.value)
     assert "rank 1" in str(err.value)
+    # One line, naming the frame that raised; the rank's whole traceback rides along.
+    import inspect
+    source, start = inspect.getsourcelines(fail_on_rank_one)
+    raised = start + next(i for i, line in enumerate(source) if "raise ValueError" in line)
+    assert err.value.message.startswith(
+        f"ValueError: shard 7 is corrupt (at tests/test_distributed.py:{raised} in fail_on_rank_one)")
+    assert err.value.details.startswith("Traceback (most recent call last):")
+    assert err.value.details.rstrip().endswith("ValueError: shard 7 is corrupt")
     assert time.time() - t0 < 240
     # The session is still usable afterwards.
     assert spark.range(3).count() == 3
@@ -163,5 +171,29 @@ def test_a_rank_that_has_finished_is_not_watched_for_heartbeats():
         send(setting, "beat", 0, "123")  # a late beat does not bring it back
         time.sleep(0.2)
         assert _stalled(channel.beats, 0.0) is None
+    finally:
+        channel.close()
+
+
+def test_a_ranks_error_reaches_the_driver_as_one_line_and_its_traceback_beside_it():
+    """The rank sends its traceback and then its one line on one connection: once the
+    driver has the line it has the traceback, with its line breaks intact."""
+    import io
+
+    from sparkdeep.distributed import _Channel, _explain, send_failure
+    channel = _Channel("127.0.0.1", on_plan=lambda plan: None, out=io.StringIO())
+    line = "ValueError: shard 7 is corrupt (at rank_fn.py:3 in load)"
+    details = ('Traceback (most recent call last):\n  File "rank_fn.py", line 3, in load\n'
+               '    raise ValueError("shard 7 is corrupt")\nValueError: shard 7 is corrupt\n')
+    try:
+        send_failure(f"{channel.address}:{channel.token}:1", 1, line, details)
+        deadline = time.time() + 5
+        while not channel.failures and time.time() < deadline:
+            time.sleep(0.05)
+        assert channel.failures == [(1, line)] and channel.traces == {1: details}
+        with pytest.raises(RankFailedError) as err:
+            _explain(RuntimeError("Job aborted due to stage failure"), channel)
+        assert (err.value.rank, err.value.message, err.value.details) == (1, line, details)
+        assert str(err.value) == f"Training rank 1 failed: {line}"
     finally:
         channel.close()

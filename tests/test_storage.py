@@ -208,7 +208,7 @@ def test_the_pipeline_writes_resumes_and_serves_from_an_hdfs_output_folder(hdfs,
 
     first = run(_pipeline(out, "on-hdfs", *track), **{FAIL_AT_EPOCH_ENV: "0:1"})
     assert first.returncode == 1, first.stderr[-3000:]
-    assert "failed in step train" in first.stderr and "injected failure after epoch 1" in first.stderr
+    assert "[train] rank 0 failed: RuntimeError: injected failure after epoch 1" in first.stderr
     st = Storage(spark)
     m = st.read_json(f"{out}/runs/on-hdfs/manifest.json")
     assert m["steps"]["train"]["status"] == "failed" and m["steps"]["prepare"]["status"] == "succeeded"

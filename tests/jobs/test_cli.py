@@ -1,3 +1,5 @@
+import os
+import re
 import subprocess
 import sys
 
@@ -44,3 +46,71 @@ def test_every_job_starts_under_spark_submit_with_the_shipped_code(job, repo_roo
                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"python -m sparkdeep.jobs.{job}" in out.stdout
+
+
+# A job whose step launches two ranks (the launch training uses: a DataFrame spilled to
+# each rank); rank 1 raises through the fault hook.
+RANK_JOB = """
+import os
+import sys
+
+from sparkdeep.distributed import run_on_ranks
+from sparkdeep.jobs._common import execute, parser
+from sparkdeep.transformers._faults import after_epoch_hook
+
+
+class Spill:  # the rank fails before it reads its rows
+    def open(self, folder):
+        return self
+
+    def write(self, batch):
+        pass
+
+    def close(self):
+        return {}
+
+
+def train():
+    after_epoch_hook()(int(os.environ["SPARKDEEP_RANK"]), 1)
+
+
+def step(spark, cfg, paths, run):
+    run_on_ranks(train, num_proc=2, backend="tensorflow", data=spark.range(4), spill=Spill())
+    return {}
+
+
+sys.exit(execute(["train"], {"train": step}, parser("train", "").parse_args(sys.argv[1:]), app_name="sparkdeep-train"))
+"""
+SPARK_LINE = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ \S+: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("show", [False, True], ids=["default", "traceback"])
+def test_a_failing_rank_is_one_line_naming_it_and_its_frame_with_the_stacks_on_request(show, tmp_path):
+    """Issue 38: a rank's error reached the console as a Java stack and a Python one, several
+    screens, before the one line. Now: the line (rank, type, message, the frame that raised),
+    and Spark's own lines one each; --traceback adds the JVM's stack and the rank's traceback."""
+    import inspect
+
+    from sparkdeep.transformers import _faults
+    (tmp_path / "job.py").write_text(RANK_JOB)
+    out = subprocess.run([sys.executable, "job.py", "--output-dir", str(tmp_path / "out"), "--set",
+                          "spark.master=local[2]", *(["--traceback"] if show else [])],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env={**os.environ, _faults.FAIL_AT_EPOCH_ENV: "1:1"})
+    assert out.returncode == 1, out.stderr[-3000:]
+    source = inspect.getsource(_faults).splitlines()
+    raised = 1 + next(i for i, line in enumerate(source) if "raise RuntimeError(" in line)
+    line = (f"[train] rank 1 failed: RuntimeError: injected failure after epoch 1 ({_faults.FAIL_AT_EPOCH_ENV}) "
+            f"(at transformers/_faults.py:{raised} in hook)")
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1] == (line if show else f"{line}; rerun with --traceback for the full stacks")
+    java = [x for x in lines if x.startswith("\tat org.apache.spark.")]
+    rank_stack = f'_faults.py", line {raised}, in hook'
+    if show:
+        assert java, out.stderr[-3000:]
+        assert "Rank 1's own traceback, in its process:" in out.stderr and rank_stack in out.stderr
+    else:
+        assert java == [] and rank_stack not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert [x for x in lines if not SPARK_LINE.match(x) and not x.startswith("WARNING: Using incubator")] == \
+            [lines[-1]], out.stderr[-3000:]
