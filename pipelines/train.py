@@ -252,11 +252,14 @@ def scored_train_loss(model, train, task: str, *, loss: str, seed: int) -> dict 
         each = d * d if loss.lower() == "mse" else F.abs(d)
     row = scored.agg(F.avg(each * w).alias("loss"), F.count("*").alias("rows")).first()
     history = model.trainingSummary.get("history") or []
-    last = history[-1]["loss"] if history else None
-    out = {"loss": float(row["loss"]), "rows": int(row["rows"]), "ranks_last_epoch": last}
-    log.info("[train] train loss as scored: %.4f on %d training rows (the ranks' last epoch: %s, measured while "
-             "training: dropout on, weights moving)", out["loss"], out["rows"],
-             "n/a" if last is None else f"{last:.4f}")
+    # The epoch whose weights the model holds: the best one when training stopped early.
+    kept = (min(history, key=lambda h: h.get("val_loss", h["loss"])) if model.trainingSummary.get("stopped_early")
+            else history[-1]) if history else None
+    out = {"loss": float(row["loss"]), "rows": int(row["rows"]),
+           "ranks_kept_epoch": kept["loss"] if kept else None, "kept_epoch": kept["epoch"] if kept else None}
+    log.info("[train] train loss as scored: %.4f on %d training rows (the ranks' figure for epoch %s, whose weights "
+             "were kept: %s, measured while training: dropout on, weights moving)", out["loss"], out["rows"],
+             out["kept_epoch"], "n/a" if kept is None else f"{kept['loss']:.4f}")
     return out
 
 
