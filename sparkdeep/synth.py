@@ -12,7 +12,8 @@ probabilities (binary AUC, multiclass accuracy) or of the true signal (regressio
 Every feature is a function of the row's *source*: its own id, or, with ``distinct``, one
 of ``distinct`` feature rows drawn Zipf-like, so copies repeat exactly; the label is drawn
 per row from the source's true probability, so identical feature rows carry both labels.
-The label depends on the true values; nulls are applied after (missing at random).
+Nulls are drawn per row and a null value adds nothing to the label's signal, so the label
+depends on what the table shows and the truth is reachable from it.
 
 A dataset spec reads one through the builtin loader :func:`sparkdeep.pipelines.examples.generated`.
 """
@@ -131,43 +132,44 @@ def generate(spark: SparkSession, shape: Shape, truth: bool = False) -> DataFram
     df = base.select("id", source)
     src = F.col("__source")
     n = s.names()
-    cols, score = [], []
+    cols = []  # (name, value, its term of the signal or None)
     # Each column's share of the signal, so its spread stays about `strength` at any width.
     w = s.strength / math.sqrt(max(1, s.numeric + len(s.levels) + len(s.codes) + s.dates + s.timestamps + s.booleans))
     for i, name in enumerate(n["numeric"]):
         x = _normal(seed, 100 + i, src)
-        score.append(w * x * (1.0 if i % 2 == 0 else -0.7))
+        term = w * x * (1.0 if i % 2 == 0 else -0.7)
         if s.outliers:
             x = F.when(_uniform(seed, 150 + i, src) < s.outliers, x * 1000.0).otherwise(x)
-        cols.append((name, x))
+        cols.append((name, x, term))
     for i, (name, levels) in enumerate(zip(n["categorical"], s.levels)):
         lv = _level(seed, 200 + i, src, levels, s.skew)
-        score.append(w * 1.5 * _effect(seed, 200 + i, lv))
-        cols.append((name, F.concat(F.lit(f"c{i}_"), lv.cast("string"))))
+        cols.append((name, F.concat(F.lit(f"c{i}_"), lv.cast("string")), w * 1.5 * _effect(seed, 200 + i, lv)))
     for i, (name, levels) in enumerate(zip(n["codes"], s.codes)):
         lv = _level(seed, 300 + i, src, levels, s.skew)
-        score.append(w * 1.5 * _effect(seed, 300 + i, lv))
-        cols.append((name, lv.cast("int")))
-    for i, name in enumerate(n["constant"]):
-        cols.append((name, F.lit(1.0)))
+        cols.append((name, lv.cast("int"), w * 1.5 * _effect(seed, 300 + i, lv)))
+    for name in n["constant"]:
+        cols.append((name, F.lit(1.0), None))
     for i, name in enumerate(n["dates"]):
-        days = F.floor(_uniform(seed, 400 + i, src) * 1500).cast("int")
-        d = F.date_add(F.lit("2020-01-01").cast("date"), days)
-        score.append(w * _effect(seed, 400 + i, F.month(d)))
-        cols.append((name, d))
+        d = F.date_add(F.lit("2020-01-01").cast("date"), F.floor(_uniform(seed, 400 + i, src) * 1500).cast("int"))
+        cols.append((name, d, w * _effect(seed, 400 + i, F.month(d))))
     for i, name in enumerate(n["timestamps"]):
         secs = F.floor(_uniform(seed, 500 + i, src) * 1500 * 86400).cast("long")
         t = F.timestamp_seconds(F.lit(1577836800) + secs)
-        score.append(w * _effect(seed, 500 + i, F.hour(t)))
-        cols.append((name, t))
+        cols.append((name, t, w * _effect(seed, 500 + i, F.hour(t))))
     for i, name in enumerate(n["booleans"]):
         b = _uniform(seed, 600 + i, src) < 0.5
-        score.append(w * 0.8 * F.when(b, 1.0).otherwise(-1.0))
-        cols.append((name, b))
-    signal = F.lit(0.0)
-    for term in score:
-        signal = signal + term
-    df = df.select("id", src, signal.alias(SIGNAL), *[c.alias(name) for name, c in cols])
+        cols.append((name, b, w * 0.8 * F.when(b, 1.0).otherwise(-1.0)))
+    # Nulls per row (copies of a source row differ), drawn before the label: a null value
+    # adds nothing to the signal, so the label depends on what the table shows and the
+    # truth stays reachable from it.
+    present = [_uniform(seed, 9400 + i, F.col("id")) >= s.null_rate if s.null_rate else None
+               for i in range(len(cols))]
+    terms = [t if ok is None else F.when(ok, t).otherwise(0.0)
+             for (_, _, t), ok in zip(cols, present) if t is not None]
+    # One flat sum over an array: no expression nested once per column.
+    signal = F.aggregate(F.array(*terms), F.lit(0.0), lambda acc, t: acc + t) if terms else F.lit(0.0)
+    df = df.select("id", src, signal.alias(SIGNAL),
+                   *[(v if ok is None else F.when(ok, v)).alias(name) for (name, v, _), ok in zip(cols, present)])
     per_row = _uniform(seed, 9001, F.col("id"))  # the label's draw: per row, not per source
     if s.task == "binary":
         bias = math.log(s.positive / (1.0 - s.positive))
@@ -187,11 +189,7 @@ def generate(spark: SparkSession, shape: Shape, truth: bool = False) -> DataFram
     else:
         df = df.withColumn(TRUTH, 10.0 * F.col(SIGNAL) + 50.0)
         df = df.withColumn("label", F.col(TRUTH) + 10.0 * _normal(seed, 9300, F.col("id")))
-    if s.null_rate:
-        features = [name for name, _ in cols]
-        df = df.select(*[F.when(_uniform(seed, 9400 + i, F.col("id")) >= s.null_rate, F.col(f"`{c}`")).alias(c)
-                         if c in features else F.col(f"`{c}`") for i, c in enumerate(df.columns)])
-    keep = ["id", *[name for name, _ in cols], "label"] + ([TRUTH, SIGNAL] if truth else [])
+    keep = ["id", *[name for name, _, _ in cols], "label"] + ([TRUTH, SIGNAL] if truth else [])
     return df.select(*[F.col(f"`{c}`") for c in keep])
 
 

@@ -1,0 +1,73 @@
+"""The shape matrix: generated tables of the shapes real exports hold, each through the five
+steps (ingest, prepare, train, score, evaluate) in the shared session, each ending in a
+model whose held-out metric is within a stated tolerance of what the generator knows is
+reachable (:func:`sparkdeep.synth.reachable`), or in a one-line error naming the column.
+
+Small sizes here (2 epochs, one linear baseline); the large ones are the stand-ins of
+``bench/standins.py``. The tolerances are wide because the tables are small: what they
+catch is a crash, a biased split or a model that learned nothing, not a point of AUC."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+from sparkdeep import runs, synth
+from sparkdeep.config import load_config
+from sparkdeep.jobs._common import run_step
+from sparkdeep.paths import Paths
+
+from .test_datasets import CONF
+
+#: (id, shape, extra spec keys, the metric, how far below the reachable value it may end)
+SHAPES = [
+    # Wide-ish, odd names, 20% nulls, constant columns, outliers, booleans, 1:9 imbalance.
+    ("wide_odd_nulls", synth.Shape(rows=6_000, task="binary", numeric=30, levels=(3, 7, 12), null_rate=0.2,
+                                   constant=2, outliers=0.001, booleans=2, positive=0.1, odd_names=True,
+                                   strength=3.0, seed=3), {}, "auc", 0.12),
+    # ID-like categories (2,000 and 300 levels, skewed) and an integer code declared categorical.
+    ("ids_regression", synth.Shape(rows=6_000, task="regression", numeric=2, levels=(2_000, 300), codes=(40,),
+                                   skew=1.5, strength=2.0, seed=4),
+     {"features": {"categorical": ["cat0", "cat1", "code0"], "numeric": ["num0", "num1"],
+                   "max_categories": 100_000}}, "r2", 0.25),
+    # Few distinct rows, repeated: 25 rows make 12,000, three classes.
+    ("repeated_multiclass", synth.Shape(rows=12_000, task="multiclass", numeric=2, levels=(4,), distinct=25,
+                                        classes=3, strength=2.0, seed=5), {}, "accuracy", 0.06),
+]
+
+
+def _spec(tmp_path, name: str, shape: synth.Shape, extra: dict) -> str:
+    options = {k: (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
+               for k, v in shape.__dict__.items() if v != synth.Shape.__dataclass_fields__[k].default}
+    body = {"name": name, "source": {"format": "builtin", "loader": "sparkdeep.pipelines.examples:generated",
+                                     "options": options},
+            "key": "id", "label": {"column": "label", "task": shape.task}, **extra}
+    if shape.task == "binary":
+        body["label"]["positive"] = ["1"]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False, allow_unicode=True))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, shape, extra, metric, tolerance", SHAPES, ids=[s[0] for s in SHAPES])
+def test_a_generated_shape_goes_through_the_five_steps_to_a_model_near_what_is_reachable(
+        spark, tmp_path, name, shape, extra, metric, tolerance):
+    spec = _spec(tmp_path, name, shape, extra)
+    out = tmp_path / "out"
+    cfg = load_config(CONF, env="ci", overrides=[
+        f"data.dataset={spec}", "data.sample_fraction=1.0", f"output_dir={out}", "tracking.enabled=false",
+        "train.epochs=3", "train.batch_size=0", "baselines.models=[" +
+        ("linear_regression" if shape.task == "regression" else "logistic_regression") + "]"])
+    paths = Paths.under(cfg.output_dir)
+    reports = {}
+    for step in runs.STEPS:
+        module = importlib.import_module(f"sparkdeep.jobs.{step}")
+        reports[step] = run_step(step, module.step, spark, cfg, paths)
+    held = reports["evaluate"]["metrics"]["keras_horovod"][metric]
+    reachable = synth.reachable(spark, shape)[metric]
+    assert held >= reachable - tolerance, (name, held, reachable, reports["evaluate"]["metrics"])
+    # Every row accounted for at ingest; the split kept rows, not combinations.
+    ingest = reports["ingest"]
+    assert ingest["rows_usable"] + ingest["rows_rejected"] == shape.rows
