@@ -224,6 +224,55 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     return SamplingPipeline(stages=stages)
 
 
+def drop_rare_levels(model: PipelineModel, train: DataFrame, min_count: int) -> tuple[PipelineModel, dict]:
+    """``model`` with each fitted ``StringIndexerModel`` keeping only the levels seen at least
+    ``min_count`` times in the rows it was fitted on (``train``, sampled as the fit sampled
+    it); the rarer ones then share the unseen/null index (``handleInvalid='keep'``), so an ID
+    seen once gets no embedding row of its own. Its labels are in ``frequencyDesc`` order,
+    so the kept ones are a prefix: one grouped count of (column, value) pairs, whatever the
+    width, gives each column's prefix length. For the embedding encoding, where nothing
+    after the indexer was fitted on its indices. Returns the model and {column: levels dropped}."""
+    if min_count <= 1:
+        return model, {}
+    indexers = [(i, s) for i, s in enumerate(model.stages) if isinstance(s, StringIndexerModel)]
+    if not indexers:
+        return model, {}
+    sampler = sampler_of(model)
+    rows = sampler.sample(train) if sampler is not None else train
+    stages, dropped = list(model.stages), {}
+    for at, stage in indexers:
+        cols = list(stage.getInputCols())
+        pairs = ", ".join(f"named_struct('i', {i}, 'v', CAST({names.quoted(c)} AS STRING))" for i, c in enumerate(cols))
+        kept = {int(r["i"]): int(r["count"]) for r in
+                rows.selectExpr(f"explode(array({pairs})) AS p").select("p.i", "p.v").where("v IS NOT NULL")
+                .groupBy("i", "v").count().where(F.col("count") >= int(min_count)).groupBy("i").count().collect()}
+        sizes = [len(ls) for ls in stage.labelsArray]
+        dropped.update({c: n - kept.get(i, 0) for i, (c, n) in enumerate(zip(cols, sizes)) if kept.get(i, 0) < n})
+        stages[at] = _label_prefixes(stage, [kept.get(i, 0) for i in range(len(cols))])
+    return PipelineModel(stages), dropped
+
+
+def _label_prefixes(stage: StringIndexerModel, lengths: list[int]) -> StringIndexerModel:
+    """A copy of ``stage`` keeping the first ``lengths[i]`` labels of column ``i``. Built on
+    the JVM from the fitted labels (a few calls a column, whatever its level count): PySpark's
+    ``from_arrays_of_labels`` pads columns of unequal lengths to one (its unseen index is then
+    the longest column's count) and sends every label over Py4J one call each."""
+    from pyspark.core.context import SparkContext
+    sc = SparkContext._active_spark_context
+    jvm = sc._jvm
+    fitted = stage._java_obj.labelsArray()
+    arrays = jvm.java.lang.reflect.Array.newInstance(jvm.java.lang.Class.forName("[Ljava.lang.String;"), len(lengths))
+    for i, n in enumerate(lengths):
+        prefix = sc._gateway.new_array(jvm.java.lang.String, int(n))
+        jvm.java.lang.System.arraycopy(fitted[i], 0, prefix, 0, int(n))
+        jvm.java.lang.reflect.Array.set(arrays, i, prefix)
+    model = StringIndexerModel._create_from_java_class("org.apache.spark.ml.feature.StringIndexerModel", arrays)
+    model.setInputCols(list(stage.getInputCols()))
+    model.setOutputCols(list(stage.getOutputCols()))
+    model.setHandleInvalid(stage.getHandleInvalid())
+    return model
+
+
 def embedding_layout(model: PipelineModel) -> dict | None:
     """The network's input layout of a fitted embedding-encoded prepare model (None for a
     one-hot one): ``categorical`` (column names), ``cardinalities`` (values + 1 for the
@@ -354,7 +403,11 @@ def prepare_step(spark, cfg, paths, run) -> dict:
         originals=originals)
     with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
         model = pipeline.fit(train)
+        model, rare = drop_rare_levels(model, train, cfg.prepare.min_category_count)
         prepared = prepared_training_data(model, train, key)
+    for c, n in sorted(rare.items(), key=lambda kv: -kv[1])[:LISTED]:
+        log.info("[prepare] %r: %d levels seen fewer than prepare.min_category_count=%d times share the "
+                 "unseen/null index", names.display(c, shown), n, cfg.prepare.min_category_count)
     run.save_model(model, Models.PREPARE)
     prepared_ref = run.write(prepared.repartition(4), Tables.TRAIN_PREPARED)
     rows_train = profile["rows"] if sampler_of(model) is None else None
@@ -363,6 +416,7 @@ def prepare_step(spark, cfg, paths, run) -> dict:
     report = prepare_report(model, rows_train, shown)
     s = report["sampler"]
     report.update({
+        "rare_levels_shared": rare,
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
         "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
         "dataset": spec.name, "task": spec.task,

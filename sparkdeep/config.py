@@ -57,6 +57,7 @@ class PrepareConfig:
     encoding: str           # embedding (categories -> the network's embeddings) or onehot
     pca: bool               # project the (numeric, for embedding) selected block with PCA
     numeric_buckets: int    # embedding: also each number's quantile bin as an embedded index (0 = off)
+    min_category_count: int = 1  # embedding: levels seen fewer times share the unseen/null index (1 = keep all)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +206,8 @@ class Config:
             ("prepare.pca_variance_target", 0 < self.prepare.pca_variance_target <= 1),
             ("prepare.encoding", self.prepare.encoding in Choices.ENCODINGS),
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
+            ("prepare.min_category_count", self.prepare.min_category_count >= 1 and (
+                self.prepare.min_category_count == 1 or self.prepare.encoding == "embedding")),
             ("train.normalization", self.train.normalization in Choices.NORMALIZATIONS),
             ("train.numeric_embedding", self.train.numeric_embedding in Choices.NUMERIC_EMBEDDINGS),
             ("train.ensemble", 0 <= self.train.ensemble <= 64),

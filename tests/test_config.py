@@ -94,6 +94,14 @@ def test_out_of_range_value_is_named(conf):
         load_config(conf, overrides=["prepare.holdout_fraction=1.5"])
 
 
+def test_min_category_count_is_at_least_one_and_for_the_embedding_encoding_only(conf):
+    assert load_config(conf).prepare.min_category_count == 1
+    assert load_config(conf, overrides=["prepare.min_category_count=5"]).prepare.min_category_count == 5
+    for bad in (["prepare.min_category_count=0"], ["prepare.min_category_count=3", "prepare.encoding=onehot"]):
+        with pytest.raises(ConfigError, match="prepare.min_category_count"):
+            load_config(conf, overrides=bad)
+
+
 def test_config_is_frozen(conf):
     cfg = load_config(conf)
     with pytest.raises(Exception):

@@ -121,6 +121,41 @@ def test_embedding_encoding_gives_standardised_numbers_then_category_indices(spa
     assert prep.embedding_layout(onehot) is None
 
 
+def test_levels_seen_fewer_than_min_count_times_share_the_unseen_index(spark, tmp_path):
+    """An ID column where level k is seen k times (k = 1..20) and a second column with two
+    frequent levels and three seen once: at min_count 5 the first keeps 16 levels (5..20),
+    the second 2; rare levels, unseen ones and nulls all get the column's last index, in
+    the prepared rows and after a save and load."""
+    import numpy as np
+    from pyspark.ml import PipelineModel
+    rows = []
+    for k in range(1, 21):
+        rows += [(f"id{k}", "a" if j % 2 else "b") for j in range(k)]
+    rows[0], rows[1], rows[2] = (rows[0][0], "r1"), (rows[1][0], "r2"), (rows[2][0], "r3")
+    df = spark.createDataFrame([(i, user, kind, float(i % 3), float(i % 2)) for i, (user, kind) in enumerate(rows)],
+                               "id long, user string, kind string, x1 double, label double")
+    model = prep.build_prepare_pipeline(task="binary", categorical=["user", "kind"], numeric=["x1"], key="id",
+                                        majority_ratio=0.0, selector_top_fraction=1.0, pca_k=0, max_correlation=1.0,
+                                        seed=1, encoding="embedding", pca=False).fit(df)
+    same, none = prep.drop_rare_levels(model, df, 1)
+    assert same is model and none == {}
+    trimmed, dropped = prep.drop_rare_levels(model, df, 5)
+    assert dropped == {"user": 4, "kind": 3}
+    assert prep.embedding_layout(trimmed)["cardinalities"] == [16 + 1, 2 + 1]
+    trimmed.write().save(str(tmp_path / "m"))
+    loaded = PipelineModel.load(str(tmp_path / "m"))
+    new = spark.createDataFrame([(900, "id1", "r1", 0.0, 0.0), (901, "id20", "a", 0.0, 0.0),
+                                 (902, None, "zzz", 0.0, 0.0)], "id long, user string, kind string, x1 double, label double")
+    for m in (trimmed, loaded):
+        got = {r["id"]: r[prep.FEATURES].toArray()[-2:] for r in m.transform(new).collect()}
+        assert got[900].tolist() == [16.0, 2.0]       # rare: the unseen/null index of each column
+        assert got[901][0] == 0.0 and got[901][1] in (0.0, 1.0)  # the most frequent ID keeps index 0
+        assert got[902].tolist() == [16.0, 2.0]       # null and unseen: the same index
+    indexed = np.array([r[prep.FEATURES].toArray()[-2] for r in prep.prepared_training_data(trimmed, df, "id")
+                        .select(prep.FEATURES).collect()])
+    assert (indexed == 16.0).sum() == 1 + 2 + 3 + 4   # the rows of id1..id4
+
+
 def test_the_baselines_get_one_hot_features_from_an_embedding_prepare_model(spark):
     import numpy as np
     import pandas as pd
