@@ -2,7 +2,9 @@
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.ml import PipelineModel
 from pyspark.ml.classification import LogisticRegressionModel
+from pyspark.ml.feature import Bucketizer
 
 from sparkdeep.pipelines import baselines as bl
 from sparkdeep.pipelines import prepare as prep
@@ -41,7 +43,7 @@ def single_fits(df, prepare_model, task, names=None):
     out = {}
     for name in names or bl.BASELINES[task]:
         fit, fit_s = bl.fit_pipeline(df, prepare_model, task, seed=1, names=(name,), trees=5, depth=3)
-        alone = bl.estimator(name, task, seed=1, trees=5, depth=3).fit(assembled)
+        alone = bl.estimator(name, task, seed=1, trees=5, depth=3, **bl.features_for(name, assembled)).fit(assembled)
         out[name] = (PipelineModel(list(front.stages) + [alone]), fit_s[name], fit)
     return out
 
@@ -54,15 +56,17 @@ def binary(spark):
 def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
     df, prepare_model, models = binary
     assert tuple(models) == bl.BASELINES["binary"]
-    front = bl.assembly_front(prepare_model)
+    front = bl.assembly_front(prepare_model, df)
     assert not any(isinstance(s, ClassBalanceSamplerModel) for s in front.stages)
-    width = len(front.transform(df).first()[bl.ASSEMBLED])
+    first = front.transform(df).first()
+    width = len(first[bl.ASSEMBLED])
     # x1, x2 and colour one-hot (3 values + the unseen/null index, last dropped): no selection, no PCA
     assert width == 2 + 3
+    assert len(first[bl.INDEXED]) == 2 + 1  # the trees: x1, x2 and colour's index
     for name, (_, fit_s, combined) in models.items():
         last = combined.stages[-1]
         features = last.get_booster().num_features() if name == "xgboost" else last.numFeatures
-        assert features == width and fit_s > 0, name
+        assert features == (3 if name in bl.TREES else width) and fit_s > 0, name
         if isinstance(last, LogisticRegressionModel):
             assert last.summary.predictions.count() == df.count()  # the whole table, not the sample
 
@@ -141,3 +145,173 @@ def test_the_console_table_lists_every_model_best_first_with_fit_times():
     assert "auc" in lines[0] and "fit s" in lines[0]
     assert lines[1].split()[0] == "gbt" and lines[1].split()[-2] == "-"
     assert lines[2].split()[0] == "keras_horovod" and lines[2].split()[-2] == "30.0"
+
+
+# -- categories of many levels ----------------------------------------------------------
+
+ITEM, USER = "item n.é", "user id"  # source names: ingest stores them as item_n_é, user_id
+
+
+def many_levels(spark, n=20_000, seed=11):
+    """(ingested training rows, their pandas frame): a 5,000-level item and a 600-level user
+    (source names with a dot, a space and an accent), a 3-level colour and two numbers;
+    the label leans on the item, so the trees have a reason to split on it."""
+    rng = np.random.default_rng(seed)
+    item = rng.integers(0, 5000, n)
+    effect = rng.normal(size=5000)
+    x1, x2 = rng.normal(size=n), rng.normal(size=n)
+    pdf = pd.DataFrame({"id": np.arange(n), "item_n_é": [f"film {v:04d} – ü" for v in item],
+                        "user_id": [f"u{v}" for v in rng.integers(0, 600, n)],
+                        "colour": rng.choice(["red", "green", "blue"], size=n), "x1": x1, "x2": x2,
+                        "label": (x1 + 2 * effect[item] + 0.5 * rng.normal(size=n) > 0.5).astype(float)})
+    return spark.createDataFrame(pdf), pdf
+
+
+@pytest.fixture(scope="module")
+def wide_categories(spark):
+    import logging
+    df, pdf = many_levels(spark)
+    df = df.cache()
+    model = prep.build_prepare_pipeline(task="binary", categorical=["item_n_é", "user_id", "colour"],
+                                        numeric=["x1", "x2"], key="id", majority_ratio=0, selector_top_fraction=1.0,
+                                        pca_k=0, seed=1, encoding="embedding", pca=False,
+                                        originals={"item_n_é": ITEM, "user_id": USER}).fit(df)
+    # caplog is per test; the fit is the module's, so its lines are kept here.
+    logger, lines = logging.getLogger("sparkdeep"), []
+    handler, level = logging.Handler(), logger.level
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        combined, fit_s = bl.fit_pipeline(df, model, "binary", seed=1, trees=5, depth=3)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    yield df, pdf, model, combined, fit_s, lines
+    df.unpersist()
+
+
+def test_a_column_of_thousands_of_levels_is_capped_and_every_baseline_fits(wide_categories):
+    df, pdf, _, combined, fit_s, lines = wide_categories
+    assert bl.names_in(combined) == list(bl.BASELINES["binary"]) and all(s > 0 for s in fit_s.values())
+    front = PipelineModel(combined.stages[:-len(fit_s)])
+    levels = {ITEM: pdf["item_n_é"].nunique(), USER: pdf["user_id"].nunique()}
+    assert levels[ITEM] > 4900 and levels[USER] == 600
+    trees = bl.TREE_MAX_BINS - 1
+    assert bl.capped_columns(front) == {c: {"levels": n, "one_hot": bl.MAX_LEVELS, "trees": trees}
+                                        for c, n in levels.items()}
+    for c, n in levels.items():
+        assert (f"[train] baselines: column {c!r} has {n} levels; the one-hot encoding keeps the top "
+                f"{bl.MAX_LEVELS} and the trees keep the top {trees}; the rest share one bucket with unseen and "
+                "null values" in lines), lines
+    assert not any("'colour'" in line for line in lines)  # 3 levels: not capped, not mentioned
+    # One Bucketizer caps both columns for both encodings: the plan does not deepen with them.
+    assert [len(s.getOutputCols()) for s in front.stages if isinstance(s, Bucketizer)] == [4]
+    width = len(front.transform(df).first()[bl.ASSEMBLED])
+    # x1, x2, then one-hot: item and user the top 255 + one shared bucket, colour 3 + unseen (last dropped)
+    assert width == 2 + bl.MAX_LEVELS + bl.MAX_LEVELS + 3 <= 2 + 3 * bl.MAX_LEVELS
+    models = dict(zip(bl.names_in(combined), combined.stages[-len(fit_s):]))
+    assert models["logistic_regression"].numFeatures == width
+    assert models["xgboost"].get_booster().num_features() == width
+
+
+def test_the_trees_split_the_categories_as_mllib_categorical_features(wide_categories):
+    df, _, _, combined, fit_s, lines = wide_categories
+    front = PipelineModel(combined.stages[:-len(fit_s)])
+    attrs = front.transform(df).schema[bl.INDEXED].metadata["ml_attr"]["attrs"]
+    # x1, x2 numeric; item, user (capped: 63 + the shared bucket) and colour (3 + unseen) nominal
+    assert [a["idx"] for a in attrs["numeric"]] == [0, 1]
+    assert [(a["idx"], len(a["vals"])) for a in attrs["nominal"]] == [(2, 64), (3, 64), (4, 4)]
+    models = dict(zip(bl.names_in(combined), combined.stages[-len(fit_s):]))
+    for name in bl.TREES:
+        tree = models[name]
+        assert tree.getFeaturesCol() == bl.INDEXED and tree.numFeatures == 5, name
+        assert tree.getMaxBins() == bl.TREE_MAX_BINS == 64, name
+        assert " in {" in tree.toDebugString, name  # MLlib's categorical split: a set of levels
+    assert "[train] baselines: the trees split each categorical column as one feature of its categories " \
+           "(maxBins 64)" in lines
+
+
+def test_capped_indices_are_the_most_frequent_levels_then_one_shared_bucket(wide_categories):
+    """Against pandas: the top levels by training count (ties alphabetical, as StringIndexer's
+    frequencyDesc) keep their rank, every other level shares the next index: 63 for the
+    trees; 255 one-hot, where it is the dropped last column (no one in the item's block)."""
+    df, pdf, _, combined, fit_s, _ = wide_categories
+    front = PipelineModel(combined.stages[:-len(fit_s)])
+    counts = pdf["item_n_é"].value_counts()
+    rank = {v: i for i, v in enumerate(sorted(counts.index, key=lambda v: (-counts[v], v)))}
+    got = front.transform(df).select("item_n_é", bl.ASSEMBLED, bl.INDEXED).toPandas()
+    ranks = got["item_n_é"].map(rank)
+    trees = bl.TREE_MAX_BINS - 1
+    assert (got[bl.INDEXED].map(lambda v: v[2]) == ranks.clip(upper=trees)).all()
+    block = got[bl.ASSEMBLED].map(lambda v: v.toArray()[2:2 + bl.MAX_LEVELS])  # after x1, x2
+    one_hot = block.map(lambda b: int(b.argmax()) if b.any() else bl.MAX_LEVELS)
+    assert (one_hot == ranks.clip(upper=bl.MAX_LEVELS)).all() and (ranks > bl.MAX_LEVELS).any()
+
+
+def test_raw_holdout_rows_score_with_rare_unseen_and_null_levels_alike(spark, wide_categories):
+    """Rows under the source's names; a rare item, an unseen one and a null share a bucket, so
+    every baseline scores them alike; a top item is its own category."""
+    _, pdf, _, combined, _, _ = wide_categories
+    counts = pdf["item_n_é"].value_counts()
+    top, rare = counts.index[0], counts.index[-1]
+    raw = spark.createDataFrame(
+        [(i, item, "u1", "red", 0.3, None, 1.0) for i, item in
+         enumerate([rare, "a film never seen", None, top])],
+        f"id long, `{ITEM}` string, `{USER}` string, colour string, x1 double, x2 double, label double")
+    scored = combined.transform(raw)
+    for name in bl.BASELINES["binary"]:
+        rows = bl.model_frame(scored, name, "binary").orderBy("id").select("prediction", "probability").collect()
+        assert len(rows) == 4 and all(r["prediction"] in (0.0, 1.0) for r in rows), name
+        p = [r["probability"].toArray() for r in rows]
+        assert all(np.isfinite(x).all() for x in p), name
+        np.testing.assert_allclose(p[1], p[0], err_msg=name)
+        np.testing.assert_allclose(p[2], p[0], err_msg=name)
+
+
+def test_the_capped_baselines_save_and_load_through_the_model_store(spark, wide_categories, tmp_path):
+    from sparkdeep import model_store
+    df, _, _, combined, _, _ = wide_categories
+    combined.write().save(str(tmp_path / "baseline"))
+    classes = [c for _, c in model_store.check(spark, str(tmp_path / "baseline"))]
+    assert "org.apache.spark.ml.feature.Bucketizer" in classes
+    loaded = model_store.load_pipeline(spark, str(tmp_path / "baseline"))
+    rows = df.limit(200)
+    cols = ["id"] + [n + bl.PROBABILITY for n in bl.BASELINES["binary"]]
+    got = loaded.transform(rows).select(cols).orderBy("id").collect()
+    want = combined.transform(rows).select(cols).orderBy("id").collect()
+    for g, w in zip(got, want):
+        for c in cols[1:]:
+            np.testing.assert_allclose(g[c].toArray(), w[c].toArray(), rtol=1e-9, err_msg=c)
+
+
+def test_a_onehot_prepare_model_gets_the_same_capped_front(spark, binary):
+    """``prepare.encoding: onehot``: its own one-hot and assembler are not the baselines'; the
+    front is built from its indexers and imputer as for an embedding model."""
+    df, onehot, _ = binary
+    embedding = prep.build_prepare_pipeline(task="binary", categorical=["colour"], numeric=["x1", "x2"], key="id",
+                                            majority_ratio=1.0, selector_top_fraction=1.0, pca_k=0, seed=1,
+                                            encoding="embedding", pca=False).fit(df)
+    fronts = [bl.assembly_front(m, df, max_levels=2, max_bins=3) for m in (onehot, embedding)]
+    kinds = [[type(s).__name__ for s in f.stages] for f in fronts]
+    assert kinds[0] == kinds[1] and "Bucketizer" in kinds[0]
+    for front in fronts:
+        # the same cap for both encodings: one capped column they share
+        assert [s.getOutputCols() for s in front.stages if type(s).__name__ == "Bucketizer"] == [["colour__idx__top2"]]
+        assert bl.capped_columns(front) == {"colour": {"levels": 3, "one_hot": 2, "trees": 2}}
+        scored = front.transform(df)
+        assert len(scored.first()[bl.ASSEMBLED]) == 2 + 2  # x1, x2, colour's top 2 + the shared bucket (dropped)
+        assert len(scored.schema[bl.INDEXED].metadata["ml_attr"]["attrs"]["nominal"][0]["vals"]) == 3
+    # only the one-hot encoding capped: the trees see colour's 3 levels and the unseen bucket
+    assert bl.capped_columns(bl.assembly_front(onehot, df, max_levels=2)) == {
+        "colour": {"levels": 3, "one_hot": 2, "trees": 3}}
+    combined, _ = bl.fit_pipeline(df, onehot, "binary", seed=1, trees=5, depth=3, max_levels=2, max_bins=3)
+    assert bl.names_in(combined) == list(bl.BASELINES["binary"])
+
+
+def test_a_cap_below_one_level_of_its_own_is_refused(binary):
+    df, model, _ = binary
+    with pytest.raises(ValueError, match="max_levels must be at least 1 .*got max_levels 0, max_bins 64"):
+        bl.assembly_front(model, df, max_levels=0)
+    with pytest.raises(ValueError, match="max_bins at least 2 .*got max_levels 255, max_bins 1"):
+        bl.assembly_front(model, df, max_bins=1)
