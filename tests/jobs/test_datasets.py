@@ -114,7 +114,7 @@ def test_an_unknown_key_is_named_and_dataset_overrides_apply(tmp_path):
         load_config(CONF, overrides=["data.dataset=diamonds_price", "train.metrics=[auc]"])
 
 
-SHIPPED = ("nycflights13", "diamonds_cut", "diamonds_price", "hmda", "caravan")
+SHIPPED = ("nycflights13", "diamonds_cut", "diamonds_price", "hmda", "caravan", "generated_ratings", "generated_repeated")
 
 
 def test_every_shipped_spec_loads():
