@@ -78,6 +78,7 @@ def test_a_frozen_rank_is_named_even_when_its_peer_s_collective_failed_first():
         now = time.monotonic()
         beats = {0: (now, 100), 1: (now - 40.0, 101)}
         failures = [(0, "DeadlineExceededError: Collective ops timed out waiting for peers")]
+        traces: dict = {}  # the ranks' tracebacks, none sent here
 
     with pytest.raises(RankFailedError, match=r"stalled: no heartbeat for 4\d s \(process 101\).*rank\(s\) 0 then "
                                               r"failed waiting for it") as err:
