@@ -154,7 +154,6 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
     fingerprint = lineage.fingerprint(train)
     forced = (run.run_id, run.generation) if run.forced else None
     layout = network_layout(prepare_model, train)
-    key = cfg.dataset.key_column
 
     def estimator_for(train_cfg, checkpoint_run: str) -> KerasHorovodEstimator:
         return keras_estimator(train_cfg, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
