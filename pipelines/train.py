@@ -189,7 +189,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
                  f"{checkpoint_run}, {len(keras_model.trainingSummary['history'])} epochs)")
     check_finite(keras_model)
     keras_model.trainingSummary["scored_train_loss"] = scored_train_loss(
-        keras_model, train, task, loss=estimator.getOrDefault(estimator.loss), seed=cfg.seed)
+        keras_model, train, task, loss=estimator.getOrDefault(estimator.loss), seed=cfg.seed, rows=fingerprint["rows"])
     keras_model.trainingSummary["training_inputs"] = training_inputs(run, fingerprint, cfg.dataset.table)
     b = cfg.baselines
     names = bl.names_for(task, tuple(b.models) or None)
@@ -224,18 +224,18 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
 SCORED_ROWS = 50_000
 
 
-def scored_train_loss(model, train, task: str, *, loss: str, seed: int) -> dict | None:
+def scored_train_loss(model, train, task: str, *, loss: str, seed: int, rows: int) -> dict | None:
     """The fitted network's loss on its training rows as the saved model scores them (its
     ``transform``, weighted as the ranks weight: the mean of weight x loss), beside the
     ranks' last-epoch figure, so a model that scores otherwise than it trained shows in the
     step's report and on the console. At most :data:`SCORED_ROWS` rows (a seeded sample,
-    each row drawn on its own). None for a loss other than the task's usual ones."""
+    each row drawn on its own; ``rows``: the table's row count, known from its fingerprint:
+    no count here). None for a loss other than the task's usual ones."""
     losses = {"binary_crossentropy", "sparse_categorical_crossentropy", "mse", "mae"}
     if loss.lower() not in losses:
         return None
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
-    rows = train.count()
     sample = train if rows <= SCORED_ROWS else train.sample(fraction=SCORED_ROWS / rows, seed=seed)
     scored = model.transform(sample.select(FEATURES, LABEL, WEIGHT))
     y, w = F.col(LABEL), F.col(WEIGHT)
