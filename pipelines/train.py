@@ -154,11 +154,12 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
     fingerprint = lineage.fingerprint(train)
     forced = (run.run_id, run.generation) if run.forced else None
     layout = network_layout(prepare_model, train)
+    key = cfg.dataset.key_column
 
     def estimator_for(train_cfg, checkpoint_run: str) -> KerasHorovodEstimator:
         return keras_estimator(train_cfg, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
-                               row_id="",  # TODO: the key path drew every flights row into validation in CI; content + place until found
+                               row_id=key if key in train.columns else "",
                                trace_dir=paths.trace_dir(run.run_id))
 
     def checkpoint_for(train_cfg) -> str:

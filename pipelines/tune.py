@@ -422,7 +422,7 @@ def validation_split(rows: DataFrame, fraction: float, seed: int) -> tuple[DataF
     hash of its features, label and place among identical rows
     (:func:`~sparkdeep.transformers.sampling.with_row_draw`): the same rows whatever their
     order or partitioning, and the copies of a repeated row on both sides as chance has it."""
-    marked = with_row_draw(rows, "_draw", seed).withColumn("_validation", F.col("_draw") < fraction).drop("_draw")
+    marked = with_row_draw(rows, "_draw", seed, purpose="tune-validation").withColumn("_validation", F.col("_draw") < fraction).drop("_draw")
     return (marked.filter(~F.col("_validation")).drop("_validation"),
             marked.filter(F.col("_validation")).drop("_validation"))
 

@@ -118,7 +118,8 @@ def hash_uniform(h: Column) -> Column:
     return F.pmod(h, F.lit(_HASH_BUCKETS)).cast("double") / float(_HASH_BUCKETS)
 
 
-def with_row_draw(df: DataFrame, name: str, seed: int, id_cols: list[str] | tuple = ()) -> DataFrame:
+def with_row_draw(df: DataFrame, name: str, seed: int, id_cols: list[str] | tuple = (), *,
+                  purpose: str) -> DataFrame:
     """``df`` plus column ``name``: a number in [0, 1) for each row from a seeded hash, the
     same whatever the partitioning. Compared with a fraction it puts each *row* on one side
     of a split independently: identical rows are separate rows.
@@ -127,17 +128,28 @@ def with_row_draw(df: DataFrame, name: str, seed: int, id_cols: list[str] | tupl
     it hashes the whole row and the row's place among rows identical to it (0, 1, ...;
     one shuffle to number them): each copy of a repeated row draws its own number, where a
     hash of the content alone would send every copy to the same side. Which copy gets
-    which place is immaterial: they are equal."""
+    which place is immaterial: they are equal.
+
+    ``purpose`` (a short name: ``"validation"``, ``"sample"``) is hashed in too, so that two
+    decisions over the same rows with the same seed draw independent numbers. Without it a
+    validation split by the key repeated the draw of an earlier sample by that key with the
+    same seed: every row the sample kept had drawn under the sample's fraction, and under a
+    larger validation fraction every training row became a validation row."""
     from pyspark.sql import Window
+    if not purpose:
+        raise ValueError("with_row_draw needs a purpose: draws for different decisions must differ")
+    salt = F.lit(purpose)
     if id_cols:
-        return df.withColumn(name, hash_uniform(row_hash(hash_columns(df.schema, list(id_cols)), seed, df.schema)))
+        cols = hash_columns(df.schema, list(id_cols))
+        keyed = [hashable(F.col(c), df.schema[c].dataType, c) for c in cols]
+        return df.withColumn(name, hash_uniform(F.xxhash64(F.lit(int(seed)), salt, *keyed)))
     whole = [f.name for f in df.schema.fields]
     content = [hashable(F.col(c), df.schema[c].dataType, c) for c in whole]
     h = F.xxhash64(F.lit(int(seed)), *content)
     # Partitioned by the hash and the values themselves: rows sharing a hash but not their
     # values are numbered apart.
     place = F.row_number().over(Window.partitionBy(h, *content).orderBy(F.lit(0)))
-    return df.withColumn(name, hash_uniform(F.xxhash64(F.lit(int(seed)), h, place)))
+    return df.withColumn(name, hash_uniform(F.xxhash64(F.lit(int(seed)), salt, h, place)))
 
 
 def hash_columns(schema: T.StructType, key_cols: list[str]) -> list[str]:
@@ -510,7 +522,7 @@ class UniformSamplerModel(_SamplerModel, _UniformParams):
             draw = "__draw"
             while draw in dataset.columns:
                 draw += "_"
-            drawn = with_row_draw(dataset, draw, self.getSeed())
+            drawn = with_row_draw(dataset, draw, self.getSeed(), purpose="sample")
             return drawn.where(F.col(draw) < F.lit(plan["fraction"])).drop(draw)
         return self._keep(dataset, F.lit(_ALL), {_ALL: plan["threshold"]})
 

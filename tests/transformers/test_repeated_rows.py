@@ -12,7 +12,7 @@ from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
 from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
-from sparkdeep.transformers.sampling import UniformSampler, with_row_draw
+from sparkdeep.transformers.sampling import UniformSampler, hash_uniform, with_row_draw
 
 DISTINCT, COPIES = 20, 10_000
 
@@ -34,7 +34,7 @@ def repeated(spark):
 
 def test_each_copy_of_a_repeated_row_draws_its_own_side_whatever_the_partitioning(repeated):
     def per_row(df):
-        drawn = with_row_draw(df, "u", seed=3)
+        drawn = with_row_draw(df, "u", seed=3, purpose="validation")
         return {tuple(r["f"]): (r["n"], r["val"]) for r in drawn.groupBy(vector_to_array("features").alias("f"))
                 .agg(F.count("*").alias("n"), F.sum((F.col("u") < 0.2).cast("int")).alias("val")).collect()}
 
@@ -47,9 +47,31 @@ def test_each_copy_of_a_repeated_row_draws_its_own_side_whatever_the_partitionin
 
 def test_a_key_decides_alone_when_given(spark):
     df = spark.createDataFrame([(i, 1.0) for i in range(1000)], ["id", "x"])
-    a = with_row_draw(df, "u", seed=3, id_cols=["id"]).collect()
-    b = with_row_draw(df.withColumn("x", F.lit(2.0)), "u", seed=3, id_cols=["id"]).collect()
+    a = with_row_draw(df, "u", seed=3, id_cols=["id"], purpose="validation").collect()
+    b = with_row_draw(df.withColumn("x", F.lit(2.0)), "u", seed=3, id_cols=["id"], purpose="validation").collect()
     assert [r["u"] for r in a] == [r["u"] for r in b]
+
+
+def test_a_draw_is_independent_of_an_earlier_sample_by_the_same_key_and_seed(spark):
+    """Ingest samples by ``hash(seed, key) < fraction``; the validation split that follows,
+    by the same key and seed, must not see the same numbers (it did: every sampled row drew
+    under the sample's 5% and so under a 20% validation fraction)."""
+    df = spark.range(200_000).withColumnRenamed("id", "key")
+    sampled = df.where(hash_uniform(F.xxhash64(F.lit(7), F.col("key"))) < 0.05)
+    n = sampled.count()
+    for purpose in ("validation", "tune-validation"):
+        drawn = with_row_draw(sampled, "u", seed=7, id_cols=["key"], purpose=purpose)
+        share = drawn.where(F.col("u") < 0.2).count() / n
+        assert 0.18 < share < 0.22, (purpose, share, n)
+    one = with_row_draw(sampled, "u", seed=7, id_cols=["key"], purpose="validation")
+    other = with_row_draw(sampled, "v", seed=7, id_cols=["key"], purpose="sample")
+    both = one.join(other, "key").where((F.col("u") < 0.2) & (F.col("v") < 0.2)).count() / n
+    assert 0.03 < both < 0.05, both  # independent: 0.2 x 0.2
+
+
+def test_a_draw_names_its_purpose(spark):
+    with pytest.raises(ValueError, match="purpose"):
+        with_row_draw(spark.range(3), "u", seed=1, purpose="")
 
 
 def test_a_uniform_fraction_keeps_copies_of_a_row_apart(repeated):

@@ -261,7 +261,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             # Each row on its own side, identical rows too: by its id, or by its content and
             # its place among identical rows. A hash of the content alone would put every copy
             # of a repeated row on one side (whole combinations never trained on).
-            drawn = with_row_draw(staged, _DRAW, self.getOrDefault(self.seed), [_ROW_ID] if rid else ())
+            drawn = with_row_draw(staged, _DRAW, self.getOrDefault(self.seed), [_ROW_ID] if rid else (),
+                                  purpose="validation")
             staged = drawn.select(*[c for c in staged.columns if c != _ROW_ID],
                                   (F.col(_DRAW) < frac).alias(Staged.IS_VALIDATION))
         # One pass on the driver's orders, before any shard is written or rank started:
