@@ -175,6 +175,52 @@ def whole_csv_lines(spark: SparkSession):
 # -- features --------------------------------------------------------------------------------
 
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+_TEMPORAL = (T.DateType, T.TimestampType, T.TimestampNTZType)
+#: Types a categorical feature may have: each value becomes its text.
+_CATEGORICAL = (T.StringType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType,
+                *_TEMPORAL)
+#: The parts of a date a date or timestamp feature adds beside its own number (SQL functions).
+_DATE_PARTS = {"year": "year", "month": "month", "day": "dayofmonth", "day_of_week": "dayofweek"}
+
+
+def temporal_features(name: str, dtype: T.DataType) -> dict[str, str]:
+    """``{feature: SQL over the source column}`` for a date or timestamp feature: the value
+    itself as a number under its own name (days since 1970-01-01 for a date, seconds for a
+    timestamp, in the session's time zone), and beside it ``<name>_year``, ``_month``,
+    ``_day`` (of the month), ``_day_of_week`` (1 = Sunday) and, for a timestamp, ``_hour``.
+    A null date gives null numbers (missing values, as any number's). Empty for other types."""
+    if not isinstance(dtype, _TEMPORAL):
+        return {}
+    q = names.quoted(name)
+    value = (f"CAST(unix_date({q}) AS DOUBLE)" if isinstance(dtype, T.DateType)
+             else f"CAST(unix_micros(CAST({q} AS TIMESTAMP)) AS DOUBLE) / 1000000.0")
+    parts = dict(_DATE_PARTS, **({} if isinstance(dtype, T.DateType) else {"hour": "hour"}))
+    return {name: value, **{f"{name}_{part}": f"CAST({fn}({q}) AS DOUBLE)" for part, fn in parts.items()}}
+
+
+def numeric_sql(declared: T.StructType, numeric: list[str]) -> dict[str, str]:
+    """``{numeric feature: SQL}``: a number cast to double, a date or timestamp feature's
+    value and parts (:func:`temporal_features`)."""
+    types_ = {f.name: f.dataType for f in declared.fields}
+    derived: dict[str, str] = {}
+    for c in numeric:
+        derived.update(temporal_features(c, types_.get(c)))
+    return {c: derived.get(c) or f"CAST({names.quoted(c)} AS DOUBLE)" for c in numeric}
+
+
+def _expand_temporal(num: list[str], types_: dict, spec: DatasetSpec) -> list[str]:
+    """The numeric features with each date or timestamp column's parts after it; a part's
+    name that is already a source column is an error naming both."""
+    out: list[str] = []
+    for c in num:
+        parts = list(temporal_features(c, types_[c])) or [c]
+        for p in parts[1:]:
+            if p in types_:
+                raise SourceError(f"dataset spec {spec.file!r}: the {types_[c].simpleString()} feature {c!r} adds "
+                                  f"the number {p!r}, which is already a source column; rename one, or exclude "
+                                  f"one of them (features.exclude)")
+        out += parts
+    return out
 
 
 def check_names(spec: DatasetSpec, columns: list[str]) -> None:
@@ -227,7 +273,11 @@ def check_derived_key(spec: DatasetSpec, columns: list[str]) -> None:
 def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list[str], dict]:
     """(categorical, numeric, left_out): declared lists as given, else inferred by type from
     the declared schema minus key, label and ``exclude``. Inferred string columns with more
-    than ``features.max_categories`` distinct values are left out (an approximate count)."""
+    than ``features.max_categories`` distinct values are left out (an approximate count).
+    A date or timestamp feature (inferred, or listed as numeric) is its number and its
+    parts (:func:`temporal_features`); listed as categorical, its text. A declared column of
+    a type neither list can take (arrays, maps, structs, binary) is an error naming it; an
+    inferred one is left out, with the reason."""
     f = spec.features
     types_ = {c.name: c.dataType for c in source.declared.fields}
     check_names(spec, list(types_))
@@ -237,9 +287,18 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
             raise SourceError(f"dataset spec {spec.file!r}: feature column {c!r} is not in the source "
                               f"(columns: {', '.join(types_)})")
     for c in f.numeric or ():
-        if not isinstance(types_[c], (*_NUMERIC, T.BooleanType)):
+        if isinstance(types_[c], T.StringType):
             raise SourceError(f"dataset spec {spec.file!r}: features.numeric lists {c!r}, a "
                               f"{types_[c].simpleString()} column; list it under features.categorical")
+        if not isinstance(types_[c], (*_NUMERIC, *_TEMPORAL, T.BooleanType)):
+            raise SourceError(f"dataset spec {spec.file!r}: features.numeric lists {c!r}, a "
+                              f"{types_[c].simpleString()} column; a numeric feature is a number, a date or a "
+                              "timestamp: cast it in the source or exclude it")
+    for c in f.categorical or ():
+        if not isinstance(types_[c], _CATEGORICAL):
+            raise SourceError(f"dataset spec {spec.file!r}: features.categorical lists {c!r}, a "
+                              f"{types_[c].simpleString()} column; a category is a string, boolean, integer, "
+                              "decimal, date or timestamp value: cast it in the source or exclude it")
     left_out: dict = {}
     declared = set(f.categorical or ()) | set(f.numeric or ())
     candidates = [c for c in types_ if c not in skip and c not in declared]
@@ -250,7 +309,7 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
         t = types_[c]
         if isinstance(t, (T.StringType, T.BooleanType)) and f.categorical is None:
             inferred_cat.append(c)
-        elif isinstance(t, _NUMERIC) and f.numeric is None:
+        elif isinstance(t, (*_NUMERIC, *_TEMPORAL)) and f.numeric is None:
             num.append(c)
         elif f.categorical is None or f.numeric is None:
             left_out[c] = f"type {t.simpleString()} is not used as a feature (declare or cast it)"
@@ -260,6 +319,7 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
         if reserved(names.internal_name(c)):
             raise SourceError(f"source column {c!r} has a name the pipeline uses itself; add it to "
                               f"features.exclude in {spec.file} or rename it")
+    num = _expand_temporal(num, types_, spec)
     if inferred_cat:
         counts = approx_distinct(source.df, inferred_cat)
         for i, c in enumerate(inferred_cat):
@@ -530,8 +590,9 @@ def classify_rows(spec: DatasetSpec, source: Source, categorical: list[str], num
     staged = df.select("*", first.alias(_STAGED["first"]), label_reason.alias(_STAGED["label_reason"]),
                        value.alias(_STAGED["label"]))
     checks = [q(_STAGED["first"]), q(_STAGED["label_reason"])]
+    as_number = numeric_sql(source.declared, numeric)
     if numeric:
-        values = "array(" + ", ".join(f"CAST({q(c)} AS DOUBLE)" for c in numeric) + ")"
+        values = "array(" + ", ".join(as_number[c] for c in numeric) + ")"
         labels = "array(" + ", ".join(lit(repr(c)) for c in numeric) + ")"
         pos = f"CAST(array_position(transform({values}, x -> isnan(x) OR abs(x) = double('inf')), true) AS INT)"
         checks.append(f"CASE WHEN {pos} > 0 THEN concat('numeric feature ', element_at({labels}, {pos}), "
@@ -545,7 +606,7 @@ def classify_rows(spec: DatasetSpec, source: Source, categorical: list[str], num
     exprs = [f"{q(key)} AS {out(key)}"]
     exprs += [f"lower(CAST({q(c)} AS STRING)) AS {out(c)}" if isinstance(source.declared[c].dataType, T.BooleanType)
               else f"CAST({q(c)} AS STRING) AS {out(c)}" for c in categorical]
-    exprs += [f"CAST({q(c)} AS DOUBLE) AS {out(c)}" for c in numeric]
+    exprs += [f"{as_number[c]} AS {out(c)}" for c in numeric]
     exprs += [f"{q(_STAGED['label'])} AS {LABEL}", f"coalesce({', '.join(checks)}) AS reason",
               f"coalesce({raw}, {row_json}) AS raw_record"]
     wide = staged.selectExpr(*exprs)

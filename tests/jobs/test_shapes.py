@@ -22,9 +22,11 @@ from .test_datasets import CONF
 
 #: (id, shape, extra spec keys, the metric, how far below the reachable value it may end)
 SHAPES = [
-    # Wide-ish, odd names, 20% nulls, constant columns, outliers, booleans, 1:9 imbalance.
+    # Wide-ish, odd names, 20% nulls, constant columns, outliers, booleans, a date and a
+    # timestamp (their numbers and parts), 1:9 imbalance.
     ("wide_odd_nulls", synth.Shape(rows=6_000, task="binary", numeric=30, levels=(3, 7, 12), null_rate=0.2,
-                                   constant=2, outliers=0.001, booleans=2, positive=0.1, odd_names=True,
+                                   constant=2, outliers=0.001, booleans=2, dates=1, timestamps=1, positive=0.1,
+                                   odd_names=True,
                                    strength=3.0, seed=3), {}, "auc", 0.12),
     # ID-like categories (2,000 and 300 levels, skewed) and an integer code declared categorical.
     ("ids_regression", synth.Shape(rows=6_000, task="regression", numeric=2, levels=(2_000, 300), codes=(40,),
@@ -71,3 +73,6 @@ def test_a_generated_shape_goes_through_the_five_steps_to_a_model_near_what_is_r
     # Every row accounted for at ingest; the split kept rows, not combinations.
     ingest = reports["ingest"]
     assert ingest["rows_usable"] + ingest["rows_rejected"] == shape.rows
+    # Dates and timestamps are features (their numbers and parts), not left out.
+    parts = [n for n in ingest["features"]["numeric"] if n.endswith("_day_of_week")]
+    assert len(parts) == shape.dates + shape.timestamps, ingest["features"]
