@@ -176,9 +176,9 @@ def whole_csv_lines(spark: SparkSession):
 
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 _TEMPORAL = (T.DateType, T.TimestampType, T.TimestampNTZType)
-#: Types a categorical feature may have: each value becomes its text.
-_CATEGORICAL = (T.StringType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType,
-                *_TEMPORAL)
+#: Types a categorical feature may have: each value becomes its text (a float too: a code
+#: column with nulls often arrives as one).
+_CATEGORICAL = (T.StringType, T.BooleanType, *_NUMERIC, *_TEMPORAL)
 #: The parts of a date a date or timestamp feature adds beside its own number (SQL functions).
 _DATE_PARTS = {"year": "year", "month": "month", "day": "dayofmonth", "day_of_week": "dayofweek"}
 
@@ -297,8 +297,8 @@ def resolve_features(spec: DatasetSpec, source: Source) -> tuple[list[str], list
     for c in f.categorical or ():
         if not isinstance(types_[c], _CATEGORICAL):
             raise SourceError(f"dataset spec {spec.file!r}: features.categorical lists {c!r}, a "
-                              f"{types_[c].simpleString()} column; a category is a string, boolean, integer, "
-                              "decimal, date or timestamp value: cast it in the source or exclude it")
+                              f"{types_[c].simpleString()} column; a category is a string, boolean, number, "
+                              "date or timestamp value: cast it in the source or exclude it")
     left_out: dict = {}
     declared = set(f.categorical or ()) | set(f.numeric or ())
     candidates = [c for c in types_ if c not in skip and c not in declared]
