@@ -1,4 +1,4 @@
-"""Serve: score rows over HTTP with an export, no Spark (issue 27).
+"""Serve: score rows over HTTP with an export, no Spark.
 
 Runs :func:`sparkdeep.pipelines.serve.create_app` under uvicorn: ``POST /predict``,
 ``GET /health``, ``GET /schema``. The export is an ``--export`` folder, or, under

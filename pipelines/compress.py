@@ -1,4 +1,4 @@
-"""Compress: smaller variants of the promoted network, each measured against it (issue 27).
+"""Compress: smaller variants of the promoted network, each measured against it.
 
 :func:`compress_promoted` loads the promoted scoring pipeline (``models/latest.json``,
 its digest checked as the export checks it), builds each variant of its network

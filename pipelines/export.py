@@ -1,4 +1,4 @@
-"""Export a fitted scoring pipeline as one Keras model that needs no Spark (issue 27).
+"""Export a fitted scoring pipeline as one Keras model that needs no Spark.
 
 The promoted model is an MLlib ``PipelineModel``: scoring a row means a Spark session, a
 JVM and the stages' Python. A service that scores one row at a time wants none of that.
@@ -395,7 +395,7 @@ _STAGES: dict[str, Callable[[_Graph, Any], None]] = {
     "pyspark.ml.feature.PCAModel": _pca,
     "pyspark.ml.feature.Bucketizer": _bucketizer,
 }
-#: The trained network's stage (its module before issue 24 too, which saved models name).
+#: The trained network's stage (and its module before the ``keras`` package split, which older saved models name).
 _NETWORKS = ("sparkdeep.transformers.keras.model.KerasHorovodModel",
              "sparkdeep.transformers.keras_estimator.KerasHorovodModel")
 _CLASS_NAMES = "pyspark.ml.feature.IndexToString"

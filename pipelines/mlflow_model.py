@@ -1,5 +1,5 @@
 """An export as an MLflow model: ``mlflow.pyfunc.load_model(uri).predict(pandas_df)`` scores
-raw rows without Spark (issue 27).
+raw rows without Spark.
 
 The MLflow model is MLflow's *custom pyfunc flavour with a loader module*: its ``MLmodel``
 names this module (``loader_module: sparkdeep.pipelines.mlflow_model``) and its ``data/``

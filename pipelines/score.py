@@ -33,7 +33,7 @@ def score_step(spark, cfg, paths, run) -> dict:
             names = bl.names_in(model)
             if not names:
                 raise ValueError(f"the saved baseline model at {run.model_input(name)} holds no baseline "
-                                 "(saved before issue 13?): rerun the train step")
+                                 "(saved by an older version?): rerun the train step")
             out["baselines"] = names
             # One pass of the front and the models, whatever the number of baselines.
             scored = scored.select(spec.key_column, *[c for c in scored.columns if c == Columns.LABEL or c.endswith(

@@ -1,4 +1,4 @@
-"""Score rows over HTTP with an export, without Spark (issue 27).
+"""Score rows over HTTP with an export, without Spark.
 
 :func:`create_app` builds an ASGI app (Starlette) from an export folder
 (:func:`sparkdeep.pipelines.export.export_pipeline`); ``python -m sparkdeep.jobs.serve``

@@ -1,4 +1,4 @@
-"""Hyperparameter search (issue 26): Optuna's TPE over the network's and XGBoost's settings.
+"""Hyperparameter search: Optuna's TPE over the network's and XGBoost's settings.
 
 Optuna, not Hyperopt (unmaintained): TPE samples near the good trials so far, a pruner
 stops a bad trial from its per-epoch validation metric, and its RDB storage lets a killed

@@ -89,7 +89,7 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class BaselinesConfig:
-    """MLlib models fitted beside the network on every assembled feature (issue 13)."""
+    """MLlib models fitted beside the network on every assembled feature."""
     models: tuple[str, ...]  # () = the task's (sparkdeep.tasks.BASELINES)
     trees: int               # GBT iterations; random forest grows 2x this many trees
     depth: int               # GBT depth; random forest grows depth + 4

@@ -82,7 +82,7 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     "sparkdeep.transformers.columns", "ColumnRenamer WideAssembler") | _names(
     "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
     "sparkdeep.transformers.keras.model", "KerasHorovodModel") | _names(
-    # the path before issue 24's package split, which saved models name
+    # the path before the ``keras`` package split, which saved models name
     "sparkdeep.transformers.keras_estimator", "KerasHorovodModel") | _names(
     # the XGBoost baseline; its metadata is checked further (_XGBOOST_CODE)
     "xgboost.spark.estimator", """SparkXGBClassifier SparkXGBClassifierModel SparkXGBRegressor

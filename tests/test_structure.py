@@ -3,6 +3,7 @@ transformers/, and nothing below the dataset spec names a data set."""
 import ast
 import glob
 import os
+import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,6 +41,15 @@ def test_no_step_names_a_data_set():
             text = open(path).read().lower()
             for word in ("flight", "arr_delay", "diamond", "p_delayed"):
                 assert word not in text, f"{rel} mentions {word!r}"
+
+
+def test_shipped_code_names_no_issue_numbers():
+    """Why a line is there belongs in the line's comment; which ticket asked for it, in git."""
+    pattern = re.compile(r"\bissue[ -]?\d+", re.IGNORECASE)
+    for folder in ("jobs", "pipelines", "transformers", "sparkdeep"):
+        for path in sources(folder):
+            for n, line in enumerate(open(path), 1):
+                assert not pattern.search(line), f"{os.path.relpath(path, REPO)}:{n} names an issue: {line.strip()}"
 
 
 #: Where each source folder is installed (pyproject's package mapping).

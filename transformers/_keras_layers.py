@@ -133,7 +133,7 @@ class PeriodicEmbeddings(keras.layers.Layer):
     tree splits on) costs the MLP one unit instead of many. ``scale`` (the paper's sigma)
     matters: 1.0 on standardised numbers gave +0.028 accuracy on one shipped example where 0.1
     (periods of tens of standard deviations: nearly linear features) cost 0.021
-    (bench/RESULTS.md, issue 26).
+    (bench/RESULTS.md, the numeric-embedding ablation).
 
     With ``clip`` > 0 each number first goes through ``x / sqrt(1 + (x / clip)^2)``
     (smooth, monotone, about ``x`` for ``|x| << clip`` and ``+-clip`` beyond: RealMLP's

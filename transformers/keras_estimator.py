@@ -1,4 +1,4 @@
-"""Where the Keras estimator and model lived before the ``keras`` package (issue 24).
+"""Where the Keras estimator and model lived before the ``keras`` package.
 
 Models saved by earlier versions name ``sparkdeep.transformers.keras_estimator.KerasHorovodModel``
 in their metadata; MLlib imports that path to load them, so it stays importable (and

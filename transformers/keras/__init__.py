@@ -1,4 +1,4 @@
-"""The Keras network's training, split by concern (issue 24).
+"""The Keras network's training, split by concern.
 
 - :mod:`.strategies`: how the ranks of one fit agree (the interface, and the choice by name);
 - :mod:`.horovod_ring`: Horovod's ring all-reduce of the gradients every update (the default);

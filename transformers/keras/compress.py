@@ -1,4 +1,4 @@
-"""Smaller variants of a fitted network (issue 27): each takes a fitted
+"""Smaller variants of a fitted network: each takes a fitted
 :class:`~.model.KerasHorovodModel` and gives another one, saved and loaded like any
 (``model/model.keras`` with its SHA-256, safe mode, no pickle), scoring in the same
 pipelines and exporting through ``pipelines/export.py``.

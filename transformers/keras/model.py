@@ -2,7 +2,7 @@
 ``model/model.keras`` (no pickle), and loads only what it wrote (checksum, safe mode).
 
 Scoring is one iterator Arrow UDF over the features as ``array<float>``; what it costs
-beyond Spark's own transfer of that column to Python was measured (issue 25,
+beyond Spark's own transfer of that column to Python was measured (
 ``bench/scoring_bench.py``, ``bench/RESULTS.md``) and is kept small here on purpose:
 
 - PySpark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker.
