@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,10 +16,24 @@ import time
 import urllib.request
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket is held open until all are bound, so the
+    kernel cannot hand one port out twice (a worker's web UI on the master's once answered
+    the master's ``/json/`` with a worker page)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class StandaloneCluster:
@@ -28,8 +43,7 @@ class StandaloneCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.port = free_port()
-        self.ui_port = free_port()
+        self.port, self.ui_port, *self.worker_ui_ports = free_ports(2 + workers)
         self.procs: list[subprocess.Popen] = []
         self.logs: list[str] = []
 
@@ -54,7 +68,7 @@ class StandaloneCluster:
         for i in range(self.workers):
             self._spawn(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                        "--cores", str(self.cores), "--memory", self.memory,
-                                       "--webui-port", str(free_port()),
+                                       "--webui-port", str(self.worker_ui_ports[i]),
                                        "--work-dir", os.path.join(self.work_dir, f"worker{i}"), self.url])
         deadline = time.time() + timeout_s
         while time.time() < deadline:
@@ -66,14 +80,25 @@ class StandaloneCluster:
             time.sleep(1)
         raise TimeoutError(f"{self.workers} workers did not register with {self.url} in {timeout_s}s")
 
+    def _bound_ui_port(self) -> int:
+        """The master's web UI port as its log states it: Spark takes the next port when the
+        asked one was taken in between."""
+        try:
+            with open(self.logs[0]) as fh:
+                found = re.search(r"Bound MasterWebUI to \S+ and started at http://[^:]+:(\d+)", fh.read())
+        except OSError:
+            found = None
+        return int(found.group(1)) if found else self.ui_port
+
     def state(self) -> dict:
+        self.ui_port = self._bound_ui_port()
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
             return json.load(r)
 
     def alive_workers(self) -> int:
         try:
             return int(self.state().get("aliveworkers", 0))
-        except OSError:
+        except (OSError, ValueError):  # not up yet, or another process's page on the port
             return 0
 
     def stop(self) -> None:
