@@ -34,6 +34,7 @@ Step = Callable[..., dict]
 
 
 def parser(name: str, description: str) -> argparse.ArgumentParser:
+    logs.install_default()  # a job prints its lines; importing sparkdeep alone does not
     p = argparse.ArgumentParser(prog=f"python -m sparkdeep.jobs.{name}", description=description,
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
@@ -130,7 +131,7 @@ def failed(label: str, exc: BaseException, show_traceback: bool, step: str | Non
         line = f"[{step or label}] {who} failed: {exc.message}"
     else:
         line = f"{label}: failed" + (f" in step {step}" if step else "") + f": {error_line(exc)}"
-    log.error(line + note + ("" if show_traceback else f"; {HINT}"))
+    log.error("%s%s%s", line, note, "" if show_traceback else f"; {HINT}")
     return 1
 
 
@@ -153,7 +154,7 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
     start-up included.
     """
     run = run or AdhocStep(paths, name)
-    log.info(f"[{name}] start" + (f" (run {run.run_id})" if run.run_id else ""))
+    log.info("[%s] start%s", name, f" (run {run.run_id})" if run.run_id else "")
     t0 = time.time()
     with progress.stage_progress(spark, name):
         report = step(spark, cfg, paths, run)
@@ -164,7 +165,7 @@ def run_step(name: str, step: Step, spark, cfg: Config, paths: Paths, run: StepR
     if process_started is not None:
         report["process_wall_s"] = round(time.time() - process_started, 2)
     run.save_report(report)
-    log.info(f"[{name}] done in {report['wall_s']:.1f}s")
+    log.info("[%s] done in %.1fs", name, report['wall_s'])
     return report
 
 
@@ -199,25 +200,25 @@ def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace,
         with Run(cfg, args.run_id, force=args.force, wait_lock=args.wait_lock,
                  break_lock=getattr(args, "break_lock", False)) as run:
             run.session = early
-            log.info(f"[{label}] run {run.run_id}: manifest {run.manifest.path}")
+            log.info("[%s] run %s: manifest %s", label, run.run_id, run.manifest.path)
             for i, n in enumerate(names, 1):
                 # Asked step by step: redoing one step can make a later one stale.
                 if not run.pending(n):
                     continue
                 if run.session is None:
                     run.session = session()
-                log.info(f"[{label}] step {i}/{len(names)}: {n}")
+                log.info("[%s] step %s/%s: %s", label, i, len(names), n)
                 step_run = run.start(n)
                 report = run_step(n, steps[n], run.session, cfg, run.paths, step_run,
                                   process_started=t0 if len(names) == 1 else None)
                 run.finish(step_run, report)
-            log.info(f"[{label}] run {run.run_id} {run.status}: "
-                     f"{sum(run.manifest.done(n) for n in names)}/{len(names)} requested steps done")
+            log.info("[%s] run %s %s: %s/%s requested steps done",
+                     label, run.run_id, run.status, sum((run.manifest.done(n) for n in names)), len(names))
     except ConfigError as exc:
-        log.error(f"{label}: config error: {exc}")
+        log.error("%s: config error: %s", label, exc)
         return 2
     except OutputLocked as exc:
-        log.error(f"{label}: {exc}")
+        log.error("%s: %s", label, exc)
         return 3
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         lost = f" (and the manifest could not record it: {run.unrecorded})" if run and run.unrecorded else ""

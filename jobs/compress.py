@@ -76,16 +76,16 @@ def _compress(args: argparse.Namespace, spark_level: str) -> int:
         spark = start_session(cfg, "sparkdeep-compress", spark_level, args.traceback)
         paths = Paths.under(cfg.output_dir)
         report = compress_promoted(spark, cfg, paths)
-        log.info(f"[compress] run {report['run_id']} ({report['task']}, {report['holdout_rows']} holdout rows):\n"
-                 + table(report))
+        log.info("[compress] run %s (%s, %s holdout rows):\n%s",
+                 report["run_id"], report["task"], report["holdout_rows"], table(report))
         logged = tracking.log_compress(cfg, paths, report["run_id"], report,
                                        [f for f in (report["report_json"], report["plot"]) if f])
         if logged:
-            log.info(f"[compress] MLflow run {logged['mlflow_run_id']} at {logged['uri']} (compress/)")
+            log.info("[compress] MLflow run %s at %s (compress/)", logged['mlflow_run_id'], logged['uri'])
         print(json.dumps({"run_id": report["run_id"], "report": report["report_json"], "plot": report["plot"],
                           "variants": [r["variant"] for r in report["variants"][1:]]}))
     except ConfigError as exc:
-        log.error(f"compress: config error: {exc}")
+        log.error("compress: config error: %s", exc)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         return failed("compress", exc, args.traceback)

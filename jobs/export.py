@@ -61,17 +61,17 @@ def _export(args: argparse.Namespace, spark_level: str) -> int:
         from sparkdeep.paths import Paths
         spark = start_session(cfg, "sparkdeep-export", spark_level, args.traceback)
         info = export_promoted(spark, Paths.under(cfg.output_dir), to=args.to)
-        log.info(f"[export] the {info['task']} pipeline of run {info['run_id']} ({info['source']}) -> "
-                 f"{info['out_dir']}: {info['files']['keras']}, {info['files']['saved_model']}/, schema.json; "
-                 f"{len(info['inputs'])} raw inputs ({', '.join(i['name'] for i in info['inputs'][:8])}"
-                 f"{', ...' if len(info['inputs']) > 8 else ''})")
+        log.info("[export] the %s pipeline of run %s (%s) -> %s: %s, %s/, schema.json; %s raw inputs (%s%s)",
+                 info['task'], info['run_id'], info['source'], info['out_dir'], info['files']['keras'],
+                 info['files']['saved_model'], len(info['inputs']),
+                 ', '.join((i['name'] for i in info['inputs'][:8])), ', ...' if len(info['inputs']) > 8 else '')
         result = {"out_dir": info["out_dir"], "run_id": info["run_id"], "task": info["task"]}
         logged = _log_mlflow(cfg, Paths.under(cfg.output_dir), info, args.mlflow)
         if logged:
             result["mlflow"] = {k: logged[k] for k in ("model_uri", "run_uri", "mlflow_run_id", "uri")}
         print(json.dumps(result))
     except ConfigError as exc:
-        log.error(f"export: config error: {exc}")
+        log.error("export: config error: %s", exc)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         return failed("export", exc, args.traceback)
@@ -86,12 +86,12 @@ def _log_mlflow(cfg, paths, info: dict, wanted: bool | None) -> dict | None:
         return None
     mlflow_run = tracking.existing_run(cfg, paths, info["run_id"])
     if mlflow_run is None and not wanted:
-        log.info(f"[export] no MLflow run of run {info['run_id']} (trained with tracking off?): the MLflow model "
-                 "is not logged; --mlflow logs it into a new run")
+        log.info("[export] no MLflow run of run %s (trained with tracking off?): the MLflow model is not logged; "
+                 "--mlflow logs it into a new run", info['run_id'])
         return None
     from sparkdeep.pipelines.mlflow_model import log_mlflow_model
     logged = log_mlflow_model(cfg, paths, info["run_id"], info["out_dir"], mlflow_run=mlflow_run)
-    log.info(f"[export] MLflow model {logged['model_uri']} ({logged['run_uri']}) in {logged['uri']}")
+    log.info("[export] MLflow model %s (%s) in %s", logged['model_uri'], logged['run_uri'], logged['uri'])
     return logged
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
-        log.error(f"pipeline: config error: --steps names unknown steps {unknown}; known: {list(STEPS)}")
+        log.error("pipeline: config error: --steps names unknown steps %s; known: %s", unknown, list(STEPS))
         return 2
     return execute(steps, STEPS, args, app_name="sparkdeep-pipeline")
 

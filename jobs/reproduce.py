@@ -62,7 +62,7 @@ def _reproduce(args: argparse.Namespace, spark_level: str) -> int:
             info["written_to"] = delta_io.write(df, args.to).as_dict()
         print(json.dumps(info, sort_keys=True))  # the answer itself, not a log line
     except ConfigError as exc:
-        log.error(f"reproduce: config error: {exc}")
+        log.error("reproduce: config error: %s", exc)
         return 2
     except Exception as exc:  # noqa: BLE001
         return failed("reproduce", exc, args.traceback)

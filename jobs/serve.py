@@ -98,13 +98,13 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= args.port < 65536:
             raise BadPath(f"--port {args.port} is not a port (0-65535)")
     except ValueError as exc:
-        log.error(f"serve: {exc}")
+        log.error("serve: %s", exc)
         return 2
     try:
         import uvicorn
 
         from sparkdeep.pipelines.serve import create_app
-        log.info(f"[serve] {folder} on http://{args.host}:{args.port} (POST /predict, GET /health, GET /schema)")
+        log.info("[serve] %s on http://%s:%s (POST /predict, GET /health, GET /schema)", folder, args.host, args.port)
         config = uvicorn.Config(create_app(folder, options), host=args.host, port=args.port,
                                 log_level="info" if args.verbose else "warning", access_log=args.verbose,
                                 lifespan="on")
@@ -119,10 +119,10 @@ def _serve(args: argparse.Namespace) -> int:
         except SystemExit:  # uvicorn exits (status 3) when it cannot bind: a port in use, a bad host
             server.started = False
         if not server.started:
-            log.error(f"serve: failed: the server did not start on {args.host}:{args.port} (see above)")
+            log.error("serve: failed: the server did not start on %s:%s (see above)", args.host, args.port)
             return 1
-        log.info("[serve] stopped" + (f" on {signal.Signals(caught[0]).name}" if caught else "")
-                 + ": the requests under way were answered")
+        log.info("[serve] stopped%s: the requests under way were answered",
+                 f" on {signal.Signals(caught[0]).name}" if caught else "")
     except Exception as exc:  # noqa: BLE001 - one line for schedulers, details on request
         return failed("serve", exc, args.traceback)
     return 0

@@ -173,7 +173,7 @@ def server_measure(pipeline_model, holdout, repeat: int = 3) -> dict:
             ex.export_pipeline(pipeline_model, os.path.join(tmp, "export"), raw_schema=ex.raw_schema_of(holdout.schema))
             scorer = Scorer(ex.load_export(os.path.join(tmp, "export")))
         except Exception as exc:  # noqa: BLE001 - reported in the row, the step goes on
-            log.warning(f"[compress] the server's scorer cannot take this variant: {exc}")
+            log.warning("[compress] the server's scorer cannot take this variant: %s", exc)
             return {"server_rows_per_s": None, "server_error": str(exc)[:500]}
         source = {f.name: (f.metadata or {}).get(ORIGINAL_NAME, f.name) for f in holdout.schema.fields}
         names = [e["name"] for e in scorer.model.schema["inputs"]]
@@ -292,7 +292,7 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
             variant = build_variant(name, stage, train_rows, cfg.compress, {**args, **extra, **(train_args or {})})
         except UnsupportedVariant as e:
             skipped[name] = str(e)
-            log.warning(f"[compress] {name}: skipped: {e}")
+            log.warning("[compress] %s: skipped: %s", name, e)
             continue
         build_s = time.perf_counter() - t0
         pipeline = with_network(original, variant)
@@ -301,8 +301,8 @@ def compress_promoted(spark, cfg, paths, *, train_args: dict[str, Any] | None = 
         row = measure(name, model_store.load_pipeline(spark, path), path, holdout, x, key=key, task=task,
                       classes=classes, rows=holdout_rows)
         rows.append({**row, "build_s": round(build_s, 2)})
-        log.info(f"[compress] {name}: {row['keras_bytes']} bytes, {row['parameters']} parameters, "
-                 f"{row['metrics']}")
+        log.info("[compress] %s: %s bytes, %s parameters, %s",
+                 name, row['keras_bytes'], row['parameters'], row['metrics'])
     gate, higher = tasks.gate_metric(cfg.gate.metric, task)
     base = rows[0]["metrics"].get(gate)
     for r in rows:

@@ -371,8 +371,8 @@ def evaluate_step(spark, cfg, paths, run) -> dict:
     ablation = rp.load_ablation(cfg.baselines.ablation) if cfg.baselines.ablation else None
     spec = cfg.dataset
     if ablation and ablation.get("dataset") not in (spec.name, spec.table):
-        log.info(f"[evaluate] note: the ablation in {cfg.baselines.ablation} was measured on data set "
-                 f"{ablation.get('dataset')!r}, not this run's {spec.name!r}; the report says so")
+        log.info("[evaluate] note: the ablation in %s was measured on data set %r, not this run's %r; the report "
+                 "says so", cfg.baselines.ablation, ablation.get('dataset'), spec.name)
     classes = classes_of(keras_pred)
     reports = {s: run.report_of(s) or {} for s in STEPS}
     baseline_pred = baseline_pred.cache()  # read once for every baseline's metrics and plots
@@ -398,18 +398,18 @@ def evaluate_step(spark, cfg, paths, run) -> dict:
     data = {name: rp.report_data(df, task) for name, df in predictions.items()}
     result["report_html"] = write_html(paths, run.run_id, rp.render_html(result, data, reports, run.run_id,
                                                                            ablation=ablation))
-    log.info("[evaluate] rows per step: " + json.dumps(counts))
-    log.info("[evaluate] wall time per step (s): " + ", ".join(f"{s}={v}" for s, v in wall.items()))
-    log.info(f"[evaluate] report: {result['report_html']}")
+    log.info("[evaluate] rows per step: %s", json.dumps(counts))
+    log.info("[evaluate] wall time per step (s): %s", ", ".join(f"{s}={v}" for s, v in wall.items()))
+    log.info("[evaluate] report: %s", result['report_html'])
     result["tracking"] = tracking.log_evaluate(cfg, paths, run.run_id, result, [result["report_html"]])
     if result["tracking"]:
-        log.info(f"[evaluate] MLflow run {result['tracking']['mlflow_run_id']} at {result['tracking']['uri']}")
-    log.info(f"[evaluate] held-out metrics ({task}; baselines on every feature of every training row):")
+        log.info("[evaluate] MLflow run %s at %s", result['tracking']['mlflow_run_id'], result['tracking']['uri'])
+    log.info("[evaluate] held-out metrics (%s; baselines on every feature of every training row):", task)
     log.info(metrics_table(metrics, result["fit_s"], task))
     # Last, so that a model failing the gate still leaves its report and MLflow metrics.
     keras = metrics[KERAS]
     for line in result["warnings"]:
-        log.warning(f"[evaluate] {line}")
+        log.warning("[evaluate] %s", line)
     gate = result["gate"] = check_gate(keras, cfg.gate, runs.read_latest(paths), task)
     if cfg.gate.beat_baselines and result["beaten_by"]:
         raise QualityGateError(f"quality gate: {beaten_line(result['beaten_by'], gate['metric'])} "
@@ -417,9 +417,9 @@ def evaluate_step(spark, cfg, paths, run) -> dict:
     # The task goes with the metrics into latest.json: the next gate compares like with like.
     pointer = run.promote({**keras, "task": task}, evaluated=Tables.PREDICTIONS)
     result["promoted"] = pointer is not None
-    log.info(f"[evaluate] {gate_line(gate)}; " +
-             (f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
-           "the models evaluated are not this run's own: nothing promoted"))
+    log.info("[evaluate] %s; %s", gate_line(gate),
+             f"run {pointer['run_id']}'s models are now the latest: {paths.latest}" if pointer else
+             "the models evaluated are not this run's own: nothing promoted")
     baseline_pred.unpersist()
     return result
 

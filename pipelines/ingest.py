@@ -919,9 +919,9 @@ def _ingest_step(spark, cfg, paths, run) -> dict:
         report["renamed_columns"] = renamed
         if renamed:
             shown = ", ".join(f"{k!r} -> {v!r}" for k, v in list(renamed.items())[:5])
-            log.info(f"[ingest] {len(renamed)} column name(s) Delta or MLlib cannot take are stored under internal "
-                     f"names ({shown}{', ...' if len(renamed) > 5 else ''}); the saved model accepts either, and "
-                     "reports show the source names")
+            log.info("[ingest] %s column name(s) Delta or MLlib cannot take are stored under internal names "
+                     "(%s%s); the saved model accepts either, and reports show the source names",
+                     len(renamed), shown, ', ...' if len(renamed) > 5 else '')
         return report
     finally:
         classified.unpersist()
@@ -981,16 +981,17 @@ def _write(spark, cfg, paths, run, spec, record, source, categorical, numeric, l
         "tables": {spec.table: out.as_dict(), spec.rejected_table: rej.as_dict()},
         "sample_fraction": cfg.data.sample_fraction,
     })
-    log.info(f"[ingest] {spec.name}: {report['rows_in']} rows read: {report['rows_usable']} usable, "
-             f"{report['rows_rejected']} rejected {_top(report['rejected_by_reason'])}, "
-             f"{report['rows_filtered']} left out by the filter")
+    log.info("[ingest] %s: %s rows read: %s usable, %s rejected %s, %s left out by the filter",
+             spec.name, report['rows_in'], report['rows_usable'], report['rows_rejected'],
+             _top(report['rejected_by_reason']), report['rows_filtered'])
     if plan.get("class_0_values"):
         more = "" if plan["class_0_values_listed_all"] else ", ..."
-        log.info(f"[ingest] label {spec.label.column!r}: class 1 = {list(spec.label.positive)}; class 0 = every other "
-                 f"value: {plan['class_0_values']}{more} (set label.negative to reject values in neither list)")
-    log.info(f"[ingest] features: {len(categorical)} categorical, {len(numeric)} numeric"
-             + (f"; left out {len(left_out)}: {listed(sorted(left_out), 10)}" if left_out else "")
-             + (f"; new source columns ignored: {listed(source.new_columns, 10)}" if source.new_columns else ""))
+        log.info("[ingest] label %r: class 1 = %s; class 0 = every other value: %s%s (set label.negative to reject "
+                 "values in neither list)",
+                 spec.label.column, list(spec.label.positive), plan['class_0_values'], more)
+    log.info("[ingest] features: %s categorical, %s numeric%s%s", len(categorical), len(numeric),
+             f"; left out {len(left_out)}: {listed(sorted(left_out), 10)}" if left_out else "",
+             f"; new source columns ignored: {listed(source.new_columns, 10)}" if source.new_columns else "")
     log_levels(levels, left_out)
     return report
 

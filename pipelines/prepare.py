@@ -384,9 +384,9 @@ def prepare_step(spark, cfg, paths, run) -> dict:
                              "another holdout_fraction")
     categorical, numeric, left_out = usable_features(profile, categorical, numeric, where=spec.file)
     for c, why in list(left_out.items())[:LISTED]:
-        log.info(f"[prepare] left out {names.display(c, shown)!r}: {why}")
+        log.info("[prepare] left out %r: %s", names.display(c, shown), why)
     if len(left_out) > LISTED:
-        log.info(f"[prepare] ... and {len(left_out) - LISTED} more columns left out (all in the prepare report)")
+        log.info("[prepare] ... and %s more columns left out (all in the prepare report)", len(left_out) - LISTED)
     if not categorical and not numeric:
         raise ValueError(f"no usable feature column in {spec.table!r}: every one is left out ({left_out})")
     train_ref = run.write(train, Tables.TRAIN)
@@ -425,11 +425,12 @@ def prepare_step(spark, cfg, paths, run) -> dict:
                    Tables.TRAIN_PREPARED: prepared_ref.as_dict()},
     })
     how = "after rebalancing" if s.get("stage") else "(not rebalanced)"
-    log.info(f"[prepare] train {s['rows_in']} rows -> {s['rows_out']} {how}; holdout {report['rows_holdout']}")
+    log.info("[prepare] train %s rows -> %s %s; holdout %s", s['rows_in'], s['rows_out'], how, report['rows_holdout'])
     for sel in report["selection"]:
         kept = sel["selected_names"]
-        log.info(f"[prepare] {sel['stage']}: {sel['input_features']} -> {sel['selected']} features "
-                 f"({', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''})")
+        log.info("[prepare] %s: %s -> %s features (%s%s)",
+                 sel['stage'], sel['input_features'], sel['selected'], ', '.join(kept[:8]),
+                 ', ...' if len(kept) > 8 else '')
     report["encoding"] = cfg.prepare.encoding
     report["left_out"] = {names.display(c, shown): why for c, why in left_out.items()}
     layout = embedding_layout(model)
@@ -437,14 +438,14 @@ def prepare_step(spark, cfg, paths, run) -> dict:
         report["embedding_layout"] = _embedding_layout(layout, shown)
     if "pca_k" in report:
         total = report["pca_explained_variance_total"]
-        log.info(f"[prepare] CenteredPCA k={report['pca_k']} explains {total} of the variance: "
-                 f"{report.get('pca_explained_variance')}")
+        log.info("[prepare] CenteredPCA k=%s explains %s of the variance: %s",
+                 report['pca_k'], total, report.get('pca_explained_variance'))
         target = cfg.prepare.pca_variance_target
         if total is not None and total < target:
             report["warnings"] = [f"PCA keeps {total:.3f} of the variance, below prepare.pca_variance_target "
                                   f"{target}: raise prepare.pca_k (0 = the smallest k reaching the target) or "
                                   "turn PCA off (prepare.pca=false); bench/RESULTS.md has what it cost here"]
-            log.warning(f"[prepare] {report['warnings'][0]}")
+            log.warning("[prepare] %s", report['warnings'][0])
     return report
 
 
@@ -453,7 +454,7 @@ def _embedding_layout(layout: dict, shown: dict) -> dict:
     labels = names.display_all(layout["categorical"], shown)
     bins = sum(c.endswith(" (bins)") for c in layout["categorical"])
     pairs = ", ".join(f"{c} {n}" for c, n in zip(labels[:LISTED], layout["cardinalities"][:LISTED]))
-    log.info(f"[prepare] embeddings for {len(labels) - bins} categorical columns and {bins} "
-             f"numbers' quantile bins; indices (values + 1 for unseen/null): {pairs}"
-             + (f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else ""))
+    log.info("[prepare] embeddings for %s categorical columns and %s numbers' quantile bins; "
+             "indices (values + 1 for unseen/null): %s%s", len(labels) - bins, bins, pairs,
+             f", ... ({len(labels) - LISTED} more, in the prepare report)" if len(labels) > LISTED else "")
     return {**layout, "categorical": labels}

@@ -53,7 +53,7 @@ def score_step(spark, cfg, paths, run) -> dict:
         scored.unpersist()
         out["tables"][table] = ref.as_dict()
         out[f"rows_out_{table}"] = delta_io.read(spark, ref.path, ref.version).count()
-    log.info(f"[score] {out['rows_in']} holdout rows scored -> {out['rows_out_predictions']} predictions "
-             f"(keras), {out['rows_out_baseline_predictions']} ({len(out['baselines'])} baselines: "
-             f"{', '.join(out['baselines'])})")
+    log.info("[score] %s holdout rows scored -> %s predictions (keras), %s (%s baselines: %s)",
+             out['rows_in'], out['rows_out_predictions'], out['rows_out_baseline_predictions'], len(out['baselines']),
+             ', '.join(out['baselines']))
     return out

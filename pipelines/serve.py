@@ -429,15 +429,15 @@ def create_app(export_dir: str, options: ServeOptions | None = None):
         state.update(model=model, scorer=scorer, batcher=batcher, schema=schema,
                      checker=RowChecker(schema, options), load_s=round(time.perf_counter() - t0, 3))
         batcher.start()
-        log.info(f"[serve] the {model.task} export at {export_dir} loaded in {state['load_s']}s: "
-                 f"{len(schema['inputs'])} inputs; max_batch_rows={options.max_batch_rows}, "
-                 f"max_wait_ms={options.max_wait_ms}")
+        log.info("[serve] the %s export at %s loaded in %ss: %s inputs; max_batch_rows=%s, max_wait_ms=%s",
+                 model.task, export_dir, state['load_s'], len(schema['inputs']), options.max_batch_rows,
+                 options.max_wait_ms)
         try:
             yield
         finally:
             await batcher.close()
             state.clear()
-            log.info(f"[serve] stopped after {batcher.batches} batches ({batcher.rows} rows)")
+            log.info("[serve] stopped after %s batches (%s rows)", batcher.batches, batcher.rows)
 
     def refuse(exc: BadRequest) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -499,7 +499,7 @@ def create_app(export_dir: str, options: ServeOptions | None = None):
                              "value": request.url.path}, status_code=exc.status_code, headers=exc.headers)
 
     async def server_error(request, exc: Exception):
-        log.exception(f"[serve] {request.method} {request.url.path} failed")
+        log.exception("[serve] %s %s failed", request.method, request.url.path)
         return JSONResponse({"error": f"the server failed: {error_line(exc)}"}, status_code=500)
 
     return Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),

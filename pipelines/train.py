@@ -181,13 +181,13 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
     checkpoint_run = network.checkpoint_run if network else checkpoint_for(t)
     estimator = estimator_for(t, checkpoint_run)
     if not t.batch_size:
-        log.info(f"[train] batch size {estimator.getBatchSize()} per rank, from {fingerprint['rows']} training rows "
-                 f"(train.batch_size 0)")
+        log.info("[train] batch size %s per rank, from %s training rows (train.batch_size 0)",
+                 estimator.getBatchSize(), fingerprint['rows'])
     keras_model = estimator.fit(train)
     if network:
         keras_model.trainingSummary = tune.tuned_summary(keras_model.trainingSummary, network)
-        log.info(f"[train] the network is tune trial {network.best.number}'s model (from its checkpoint "
-                 f"{checkpoint_run}, {len(keras_model.trainingSummary['history'])} epochs)")
+        log.info("[train] the network is tune trial %s's model (from its checkpoint %s, %s epochs)",
+                 network.best.number, checkpoint_run, len(keras_model.trainingSummary['history']))
     check_finite(keras_model)
     keras_model.trainingSummary["scored_train_loss"] = scored_train_loss(
         keras_model, train, task, loss=estimator.getOrDefault(estimator.loss), seed=cfg.seed, rows=fingerprint["rows"])
@@ -268,14 +268,13 @@ def _log_fit(summary: dict, t, fit_s: dict[str, float]) -> None:
     not a finished checkpoint loaded) and each baseline's fit time."""
     timings = summary.get("timings_s") or {}
     if "launch_to_first_step" in timings:
-        log.info(f"[train] {t.num_proc} ranks ({t.strategy}), {len(summary['history'])} epochs: launch to first step "
-                 f"{timings['launch_to_first_step']:.1f}s, training {timings['training']:.1f}s, "
-                 f"fit total {timings['fit_total']:.1f}s")
+        log.info("[train] %s ranks (%s), %s epochs: launch to first step %.1fs, training %.1fs, fit total %.1fs",
+                 t.num_proc, t.strategy, len(summary['history']), timings['launch_to_first_step'],
+                 timings['training'], timings['fit_total'])
         if summary.get("launch_s"):
-            log.info("[train] launch to first step, part by part: " +
-                     ", ".join(f"{k} {v:.1f}s" for k, v in summary["launch_s"].items()) +
-                     f"; after the last step {timings.get('teardown', 0):.1f}s")
-    log.info("[train] baselines on every assembled feature of every training row, fit time: " +
+            log.info("[train] launch to first step, part by part: %s; after the last step %.1fs",
+                     ", ".join(f"{k} {v:.1f}s" for k, v in summary["launch_s"].items()), timings.get("teardown", 0))
+    log.info("[train] baselines on every assembled feature of every training row, fit time: %s",
              ", ".join(f"{n} {s:.1f}s" for n, s in fit_s.items()))
 
 
@@ -302,5 +301,5 @@ def train_step(spark, cfg, paths, run) -> dict:
     run.save_model(baseline_pipeline, Models.BASELINE)
     report["tracking"] = tracking.log_train(cfg, paths, run.run_id, report, path, mlflow_run=mlflow_run)
     if report["tracking"]:
-        log.info(f"[train] MLflow run {report['tracking']['mlflow_run_id']} at {report['tracking']['uri']}")
+        log.info("[train] MLflow run %s at %s", report['tracking']['mlflow_run_id'], report['tracking']['uri'])
     return report

@@ -226,18 +226,19 @@ def _search(name: str, ref: StudyRef, tune_cfg, higher: bool, objective: Callabl
     """Open the study, recover a killed attempt, run the trials, log each: the part both searches share."""
     study, recovered = open_study(ref, tune_cfg, higher)
     before = finished(study)
-    log.info(f"[tune] {name}: study {ref.name!r} in {ref.shown()}: {len(before)}/{tune_cfg.trials} trials finished"
-             + (f"; trial(s) {recovered['killed']} left running by a killed attempt marked failed"
-                if recovered["killed"] else "")
-             + (f"; the settings of failed trial(s) {recovered['requeued']} queued again"
-                if recovered["requeued"] else ""))
+    log.info("[tune] %s: study %r in %s: %s/%s trials finished%s%s", name, ref.name, ref.shown(), len(before),
+             tune_cfg.trials,
+             f"; trial(s) {recovered['killed']} left running by a killed attempt marked failed"
+             if recovered["killed"] else "",
+             f"; the settings of failed trial(s) {recovered['requeued']} queued again"
+             if recovered["requeued"] else "")
 
     def on_finished(t: FrozenTrial) -> None:
-        log.info(f"[tune] {name} trial {t.number}: {t.state.name}" +
-                 (f" {describe(t)}" if t.value is not None else "") +
-                 (f" ({t.user_attrs['error']})" if "error" in t.user_attrs else "") +
-                 f"; {', '.join(f'{k}={_short(v)}' for k, v in t.params.items())}"
-                 f" ({t.duration.total_seconds():.0f}s; {len(finished(study))}/{tune_cfg.trials} finished)")
+        log.info("[tune] %s trial %s: %s%s%s; %s (%.0fs; %s/%s finished)", name, t.number, t.state.name,
+                 f" {describe(t)}" if t.value is not None else "",
+                 f" ({t.user_attrs['error']})" if "error" in t.user_attrs else "",
+                 ", ".join(f"{k}={_short(v)}" for k, v in t.params.items()),
+                 t.duration.total_seconds(), len(finished(study)), tune_cfg.trials)
         if log_trials is not None:
             log_trials(ref.name, [{**trial_row(t), "history": t.user_attrs.get("history") or []}])
 
@@ -386,8 +387,8 @@ def search_network(train: DataFrame, *, tune_cfg, train_cfg, task: str, gate_met
                                lambda t: f"{aim['metric']}={t.value:.4f}", log_trials)
     best = study.best_trial
     report = study_report(study, ref, tune_cfg, aim, recovered, time.time() - t0)
-    log.info(f"[tune] network: best of {len(report['trials'])} trials is trial {best.number}, "
-             f"{aim['metric']}={best.value:.4f} (for held-out {aim['stands_for']})")
+    log.info("[tune] network: best of %s trials is trial %s, %s=%.4f (for held-out %s)",
+             len(report['trials']), best.number, aim['metric'], best.value, aim['stands_for'])
     return NetworkSearch(trial_train_config(train_cfg, best.params, aim, task), best.user_attrs["checkpoint_run"],
                          best, report)
 
@@ -479,6 +480,6 @@ def search_xgboost(rows: DataFrame, *, tune_cfg, task: str, gate_metric: str, se
     study, recovered = _search(XGBOOST, ref, tune_cfg, higher, objective, lambda t: f"{metric}={t.value:.4f}",
                                log_trials)
     report = study_report(study, ref, tune_cfg, aim, recovered, time.time() - t0)
-    log.info(f"[tune] xgboost: best of {len(report['trials'])} trials is trial {study.best_trial.number}, "
-             f"validation {metric}={study.best_value:.4f}")
+    log.info("[tune] xgboost: best of %s trials is trial %s, validation %s=%.4f",
+             len(report['trials']), study.best_trial.number, metric, study.best_value)
     return XGBoostSearch(dict(study.best_params), report)

@@ -22,6 +22,9 @@ _STARTED = time.time()  # before any import of ours: the interpreter's own start
 def main(work: str) -> int:
     from sparkdeep.distributed import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send_failure
     from sparkdeep.errors import error_line
+    from sparkdeep.logs import install_default
+
+    install_default()  # the rank's lines (epochs, early stop) reach the task's console like a job's
 
     os.environ[PROCESS_START_ENV] = repr(_STARTED)
     rank = os.environ.get(RANK_ENV, "?")

@@ -1,7 +1,9 @@
 """Where sparkdeep's messages go: the ``sparkdeep`` logger, one line a message.
 
-Every module logs to ``logging.getLogger(__name__)``, under ``sparkdeep``. By default that
-logger prints INFO and above as the bare message: INFO to standard output (a step's start,
+Every module logs to ``logging.getLogger(__name__)``, under ``sparkdeep``. Importing the
+package installs no handler (a library leaves that to its application); a job, a rank and
+:func:`sparkdeep.notebook.start` install the console one (:func:`install_default`), which
+prints INFO and above as the bare message: INFO to standard output (a step's start,
 progress and result lines, as a scheduler's log shows them) and WARNING and above to
 standard error. It does not pass records on to the root logger, so an application that
 configured its own logging sees each line once.
@@ -64,10 +66,12 @@ def _level(level: int | str) -> int:
 
 
 def install_default() -> None:
-    """The default set-up (once per process): the console handler, INFO, no propagation;
-    ``SPARKDEEP_LOG_LEVEL`` overrides the level."""
+    """The console set-up of a job, a rank and a notebook (once per process): the console
+    handler, INFO, no propagation; ``SPARKDEEP_LOG_LEVEL`` overrides the level. Importing
+    sparkdeep installs nothing (a library's logger leaves the handlers to its application);
+    an application that gave the logger a handler of its own keeps it."""
     logger = logging.getLogger(NAME)
-    if logger.handlers:  # set up already, or by the application
+    if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):  # set up already
         return
     handler = ConsoleHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -111,7 +115,9 @@ def quiet_native(verbose: bool = False) -> None:
 def verbosity(quiet: bool = False, verbose: bool = False):
     """For the length of a job: ``quiet`` shows warnings and errors only, ``verbose`` debug
     lines too; neither leaves the level as it is. Yields the level for Spark's own log
-    (``ERROR``, ``INFO`` or ``WARN``) and puts the logger's level back afterwards."""
+    (``ERROR``, ``INFO`` or ``WARN``) and puts the logger's level back afterwards. Every job
+    runs under it, so it installs the console handler (:func:`install_default`) first."""
+    install_default()
     logger = logging.getLogger(NAME)
     before = logger.level
     if quiet:

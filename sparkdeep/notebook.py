@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 
 from sparkdeep.config import Config, default_conf_dir, load_config
+from sparkdeep.logs import install_default
 from sparkdeep.paths import Paths
 
 
 def start(master: str | None = "local[2]", env: str | None = None, output_dir: str | None = None,
           overrides: list[str] | tuple[str, ...] = (), conf_dir: str | None = None,
           app_name: str = "sparkdeep-notebook"):
-    """Config, then a SparkSession for this notebook; returns ``(spark, cfg, paths)``."""
+    """Config, then a SparkSession for this notebook; returns ``(spark, cfg, paths)``. The
+    notebook shows sparkdeep's lines as a job prints them (:func:`sparkdeep.logs.install_default`)."""
+    install_default()
     sets = list(overrides)
     if master:
         sets.append(f"spark.master={master}")

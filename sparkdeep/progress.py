@@ -53,8 +53,9 @@ def stage_progress(spark, label: str, interval_s: float | None = None) -> Iterat
                     if seen.get(sid) == state:
                         continue
                     seen[sid] = state
-                    log.info(f"[{label}] {_describe(info)}: {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                             f"{info.numActiveTasks} running, {time.time() - started[sid]:.0f}s")
+                    log.info("[%s] %s: %s/%s tasks done, %s running, %.0fs",
+                             label, _describe(info), info.numCompletedTasks, info.numTasks, info.numActiveTasks,
+                             time.time() - started[sid])
             except Exception:  # noqa: BLE001 - progress must never break the step (e.g. session stopping)
                 return
 

@@ -316,7 +316,7 @@ class Storage:
                                         "delete the file or pass break_after_s") from None
                 self._take_over(fs, p, path, held, body)
                 why = "its process is gone" if gone else f"held {age:.0f} s, past break_after_s"
-                log.info(f"[lock] took over {path} from {held} ({why})")
+                log.info("[lock] took over %s from %s (%s)", path, held, why)
         try:
             yield
         finally:

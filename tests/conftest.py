@@ -8,6 +8,11 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
+# The test run is an application of sparkdeep: it shows the lines as a job does.
+from sparkdeep.logs import install_default  # noqa: E402
+
+install_default()
+
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):

@@ -124,3 +124,17 @@ def test_tensorflows_start_up_lines_only_with_verbose(verbose):
     # the CPU-feature notice on others; with verbose at least one, without it none.
     startup = ("oneDNN custom operations", "cpu_feature_guard", "This TensorFlow binary is optimized")
     assert any(line in out.stderr for line in startup) is verbose, out.stderr
+
+
+def test_importing_the_package_installs_no_handler_and_a_job_installs_the_console_one():
+    code = ("import logging, sparkdeep, sparkdeep.transformers, sparkdeep.pipelines.train\n"
+            "from sparkdeep import logs\n"
+            "logger = logging.getLogger('sparkdeep')\n"
+            "print([type(h).__name__ for h in logger.handlers])\n"
+            "logging.getLogger('sparkdeep.x').info('not shown: no handler yet')\n"
+            "with logs.verbosity():\n"
+            "    logging.getLogger('sparkdeep.x').info('shown')\n"
+            "print([type(h).__name__ for h in logger.handlers])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["['NullHandler']", "shown", "['NullHandler', 'ConsoleHandler']"]

@@ -52,6 +52,38 @@ def test_shipped_code_names_no_issue_numbers():
                 assert not pattern.search(line), f"{os.path.relpath(path, REPO)}:{n} names an issue: {line.strip()}"
 
 
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+
+
+def eager_log_calls(path: str) -> list[int]:
+    """Lines of ``log.<level>(...)`` calls whose message is built before the call (an
+    f-string, ``+`` or ``%``): the logger formats ``"%s"`` arguments only when the record is
+    emitted, and keeps the message's template for handlers that group by it."""
+    found = []
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LOG_METHODS and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in {"log", "logger", "_log"} and node.args):
+            msg = node.args[1] if node.func.attr == "log" and len(node.args) > 1 else node.args[0]
+            if isinstance(msg, ast.JoinedStr) or (isinstance(msg, ast.BinOp)
+                                                  and isinstance(msg.op, (ast.Add, ast.Mod))):
+                found.append(node.lineno)
+    return found
+
+
+def test_log_calls_format_lazily():
+    eager = [f"{os.path.relpath(path, REPO)}:{n}" for folder in ("jobs", "pipelines", "transformers", "sparkdeep")
+             for path in sources(folder) for n in eager_log_calls(path)]
+    assert not eager, f"log calls that format their message themselves (pass %s arguments): {eager}"
+
+
+def test_the_lazy_log_check_sees_each_eager_form(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('log.info(f"a {x}")\nlog.info("a " + x)\nlog.info("a %s" % x)\nlog.info("a %s", x)\n'
+                    'log.log(20, f"a {x}")\nprint(f"a {x}")\n')
+    assert eager_log_calls(str(path)) == [1, 2, 3, 5]
+
+
 #: Where each source folder is installed (pyproject's package mapping).
 PACKAGES = {"sparkdeep": "sparkdeep", "jobs": "sparkdeep.jobs", "pipelines": "sparkdeep.pipelines",
             "transformers": "sparkdeep.transformers"}

@@ -295,7 +295,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         if resume and (stopped or resume["completed_epochs"] >= self.getEpochs()):
             ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
                      f"completed {resume['completed_epochs']} epochs")
-            log.info(f"[train] run {self.getOrDefault(self.runId)!r} already {ended}: loading its checkpoint")
+            log.info("[train] run %r already %s: loading its checkpoint", self.getOrDefault(self.runId), ended)
             model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
                                       trainingSummary={"history": resume["history"],
                                                        "stopped_early": bool((resume.get("stopping") or {})
@@ -331,8 +331,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             checkpoint_dir=folder, resume=resume, trace_dir=self.getOrDefault(self.traceDir) or None,
             trace_epoch=self.getOrDefault(self.traceEpoch) if self.getOrDefault(self.traceDir) else 0)
         if resume:
-            log.info(f"[train] resuming run {self.getOrDefault(self.runId)!r} after epoch "
-                     f"{resume['completed_epochs']}")
+            log.info("[train] resuming run %r after epoch %s",
+                     self.getOrDefault(self.runId), resume['completed_epochs'])
         t_staged = time.time()
         spill = ShardSpill(split_col=Staged.IS_VALIDATION if has_validation else None,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))

@@ -246,7 +246,7 @@ class KerasHorovodModel(Model, ScoringParams, MLWritable, MLReadable):
             fields = {"probability": self.getProbabilityCol(), "prediction": self.getPredictionCol()}
         fields = {field: col for field, col in fields.items() if col}  # '' = not wanted, as in MLlib
         if not fields:
-            log.warning(f"{self.uid}: transform adds no column: its output column params are all ''")
+            log.warning("%s: transform adds no column: its output column params are all ''", self.uid)
             return dataset
         mode = self.getHandleInvalid()
         if mode not in ("error", "skip", "keep"):

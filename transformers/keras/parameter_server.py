@@ -221,8 +221,8 @@ class Coordinator:
         spec: RankSpec = self.ps.spec
         ps, updates, batch = self.ps, self.updates, self.batch
         if batch < int(spec.batch_size):
-            log.info(f"[train] batchSize {spec.batch_size} is more than the smallest shard's {batch} training rows: "
-                     f"each update takes {batch} rows")
+            log.info("[train] batchSize %s is more than the smallest shard's %s training rows: each update takes %s "
+                     "rows", spec.batch_size, batch, batch)
         keras.utils.set_random_seed(int(spec.seed))
         strategy, coordinator = self._connect()
         resume = spec.resume
@@ -344,9 +344,10 @@ class Coordinator:
                 stopping.restore(model)
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("val_") or
                              k in (m.name for m in train_metrics))
-            log.info(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
-                     f"samples/s={record['samples_per_s']:.0f} staleness mean={record['staleness_mean']:.2f} "
-                     f"max={record['staleness_max']} ({seconds:.1f}s, ~{(epochs - epoch - 1) * seconds:.0f}s left)")
+            log.info("[train] epoch %s/%s loss=%.4f %s samples/s=%.0f staleness mean=%.2f max=%s (%.1fs, ~%.0fs "
+                     "left)",
+                     epoch + 1, epochs, record['loss'], extra, record['samples_per_s'], record['staleness_mean'],
+                     record['staleness_max'], seconds, (epochs - epoch - 1) * seconds)
             if spec.checkpoint_dir:
                 t_ck = time.time()
                 send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
@@ -358,7 +359,7 @@ class Coordinator:
             if after_epoch:
                 after_epoch(0, epoch + 1)
             if stop:
-                log.info(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs")
+                log.info("[train] early stop: %s has not improved for %s epochs", monitor, stopping.patience)
                 break
         stopping.restore(model)
         t_end = time.time()

@@ -357,9 +357,11 @@ def _shard_counts(folder: str) -> list:
 def train_rank(spec: RankSpec) -> RankResult:
     """Train on this rank's streamed shard; rank 0 also returns the trained model and history."""
     from sparkdeep.distributed import RANK_DATA_ENV
+    from sparkdeep.logs import install_default
 
     from .feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps
     t_enter = time.time()
+    install_default()  # a rank is a process of its own: its epoch lines need the console handler
     pinned = _pin_devices()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -492,12 +494,11 @@ def train_rank(spec: RankSpec) -> RankResult:
                              if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
                                           "input_s", "compute_s", "allreduce_s", "wait_s", "comm_bytes",
                                           "idle_s", "cpu_percent", "gflop_s"))
-            log.info(f"[train] epoch {epoch + 1}/{epochs} loss={record['loss']:.4f} {extra} "
-                     f"samples/s={record['samples_per_s']:.0f} input={done['input_s']:.1f}s "
-                     f"compute={done['compute_s']:.1f}s allreduce={done['allreduce_s']:.1f}s "
-                     + (f"wait={done['wait_s']:.1f}s " if spec.measure_wait else "") +
-                     f"idle={epoch_profile['idle_s']:.1f}s cpu={epoch_profile['cpu_percent']:.0f}% "
-                     f"{epoch_profile['gflop_s']:.1f} GFLOP/s ({seconds:.1f}s, ~{left:.0f}s left)")
+            log.info("[train] epoch %s/%s loss=%.4f %s samples/s=%.0f input=%.1fs compute=%.1fs allreduce=%.1fs "
+                     "%sidle=%.1fs cpu=%.0f%% %.1f GFLOP/s (%.1fs, ~%.0fs left)",
+                     epoch + 1, epochs, record["loss"], extra, record["samples_per_s"], done["input_s"],
+                     done["compute_s"], done["allreduce_s"], f"wait={done['wait_s']:.1f}s " if spec.measure_wait else "",
+                     epoch_profile["idle_s"], epoch_profile["cpu_percent"], epoch_profile["gflop_s"], seconds, left)
             if spec.checkpoint_dir:
                 t_ck = time.time()
                 send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
@@ -508,7 +509,7 @@ def train_rank(spec: RankSpec) -> RankResult:
             after_epoch(rank, epoch + 1)
         if stop:
             if rank == 0:
-                log.info(f"[train] early stop: {monitor} has not improved for {stopping.patience} epochs")
+                log.info("[train] early stop: %s has not improved for %s epochs", monitor, stopping.patience)
             break
     stopping.restore(model)
     t_end = time.time()

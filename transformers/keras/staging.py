@@ -99,5 +99,5 @@ def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str,
     if skipped == checked["rows"]:
         raise ValueError(f"KerasHorovodEstimator: every one of the {skipped} training rows is unusable "
                          f"({'; '.join(found)})")
-    log.info(f"[train] handleInvalid='skip': {skipped} of {checked['rows']} rows dropped ({'; '.join(found)})")
+    log.info("[train] handleInvalid='skip': %s of %s rows dropped (%s)", skipped, checked['rows'], '; '.join(found))
     return kept, skipped
