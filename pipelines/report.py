@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from pyspark.sql import Column, DataFrame, functions as F
 
 from sparkdeep import tasks
-from sparkdeep.registry import Columns
+from sparkdeep.registry import STRATEGY_RULES, Columns
 
 LABEL, PREDICTION, PROBABILITY = Columns.LABEL, Columns.PREDICTION, Columns.PROBABILITY
 
@@ -545,10 +545,11 @@ def training_html(reports: dict[str, dict]) -> str:
         return ""
     strategy = keras.get("strategy") or "horovod"
     ranks = keras.get("ranks") or []
-    if strategy == "local_sgd" and keras.get("local_steps"):
-        strategy += f" (weights averaged every {keras['local_steps']} updates)"
-    if strategy == "parameter_server":
-        strategy += " (asynchronous: workers wait for no one; weights read and written inside each step)"
+    if strategy in STRATEGY_RULES:
+        summary = STRATEGY_RULES[strategy].summary
+        if keras.get("local_steps"):
+            summary = summary.replace("local_steps", str(keras["local_steps"]))
+        strategy += f" ({summary})"
     later = history[1:] or history
 
     def mean(key):

@@ -19,7 +19,7 @@ from pyspark.ml import PipelineModel
 from pyspark.ml.feature import IndexToString
 
 from sparkdeep import lineage, model_store
-from sparkdeep.registry import Columns, Models, Tables
+from sparkdeep.registry import Columns, Models, Tables, strategy_takes
 from sparkdeep.runs import AdhocStep, StepRun
 from sparkdeep.tasks import DEFAULT_LOSS, DEFAULT_METRICS
 from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
@@ -88,9 +88,9 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, warmupEpochs=t.warmup_epochs,
         lrSchedule=t.lr_schedule, strategy=t.strategy, stallTimeout=t.stall_timeout,
-        localSteps=t.local_steps if t.strategy == "local_sgd" else None,
-        # The synchronous strategies' rule (parameter_server's updates are one worker's batch each).
-        scaleLearningRate=t.scale_learning_rate if t.strategy != "parameter_server" else None,
+        # Defaults a strategy does not take stay unset (its declaration says which: registry.STRATEGY_RULES).
+        localSteps=t.local_steps if strategy_takes(t.strategy, "local_steps") else None,
+        scaleLearningRate=t.scale_learning_rate if strategy_takes(t.strategy, "scale_learning_rate") else None,
         shuffleBufferRows=t.shuffle_buffer_rows, runId=run_id, checkpointDir=checkpoint_dir, seed=seed,
         traceDir=trace_dir if t.trace else None, traceEpoch=min(2, t.epochs) if t.trace else None)
 

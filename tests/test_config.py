@@ -240,3 +240,28 @@ def test_the_compress_section_is_off_by_default_and_checked(conf):
     with pytest.raises(ConfigError, match=r"'compress.alpha'"):
         load_config(conf, overrides=["compress.alpha=1.5"])
     assert load_config(conf, overrides=["compress.student_units=[16, 8]"]).compress.student_units == (16, 8)
+
+
+def test_config_and_the_estimator_refuse_the_same_settings_for_each_strategy(conf):
+    """One rule (each strategy's declaration in sparkdeep.registry), asked by both."""
+    from sparkdeep.registry import STRATEGY_RULES, STRATEGY_SETTINGS
+    from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
+    used = {"compression": "fp16", "accumulation_steps": 2, "measure_wait": True}
+    in_config = set(vars(load_config(conf).train))
+    for strategy in STRATEGY_RULES:
+        for key, value in used.items():
+            taken = key in STRATEGY_RULES[strategy].takes
+            config_refuses = not taken  # a setting config does not have is the estimator's alone
+            if key in in_config:
+                try:
+                    load_config(conf, overrides=[f"train.strategy={strategy}", f"train.{key}={str(value).lower()}"])
+                    config_refuses = False
+                except ConfigError as exc:
+                    config_refuses = f"'train.{key}'" in str(exc)
+            est = KerasHorovodEstimator(strategy=strategy, **{STRATEGY_SETTINGS[key].param: value})
+            try:
+                est._check_strategy_params()
+                estimator_refuses = False
+            except ValueError as exc:
+                estimator_refuses = STRATEGY_SETTINGS[key].param in str(exc)
+            assert config_refuses is estimator_refuses is (not taken), (strategy, key)

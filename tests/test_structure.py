@@ -84,6 +84,46 @@ def test_the_lazy_log_check_sees_each_eager_form(tmp_path):
     assert eager_log_calls(str(path)) == [1, 2, 3, 5]
 
 
+#: Where a strategy is declared and implemented: the only modules that may name one to decide.
+STRATEGY_HOMES = {"sparkdeep/registry.py", "transformers/keras/strategies.py", "transformers/keras/horovod_ring.py",
+                  "transformers/keras/tf_collective.py", "transformers/keras/local_sgd.py",
+                  "transformers/keras/parameter_server.py"}
+
+
+def strategy_comparisons(path: str) -> list[int]:
+    """Lines that compare something with a strategy's name (``strategy == "local_sgd"``,
+    ``s in ("horovod", ...)``): a rule about strategies decided outside their declarations."""
+    from sparkdeep.registry import STRATEGY_RULES
+
+    def names_one(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in STRATEGY_RULES
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_one(e) for e in node.elts)
+
+    def other(node) -> bool:
+        """``"horovod" in sys.modules`` asks about an import, ``backend == "horovod"`` about a
+        launch backend (which shares the name): neither is a strategy."""
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        return name == "modules" or "backend" in name
+    return [node.lineno for node in ast.walk(ast.parse(open(path).read(), path))
+            if isinstance(node, ast.Compare) and not any(other(n) for n in (node.left, *node.comparators))
+            and any(names_one(n) for n in (node.left, *node.comparators))]
+
+
+def test_what_a_strategy_takes_is_decided_by_its_declaration_only():
+    found = [f"{rel}:{n}" for folder in ("jobs", "pipelines", "transformers", "sparkdeep")
+             for path in sources(folder) if (rel := os.path.relpath(path, REPO)) not in STRATEGY_HOMES
+             for n in strategy_comparisons(path)]
+    assert not found, f"strategy names compared outside sparkdeep/registry.py's STRATEGY_RULES: {found}"
+
+
+def test_the_strategy_check_sees_a_comparison(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('if s == "local_sgd": pass\nif s in ("horovod", "x"): pass\nok = "horovod" in sys.modules\n'
+                    'name = "collective"\nif backend != "horovod": pass\n')
+    assert strategy_comparisons(str(path)) == [1, 2]
+
+
 #: Where each source folder is installed (pyproject's package mapping).
 PACKAGES = {"sparkdeep": "sparkdeep", "jobs": "sparkdeep.jobs", "pipelines": "sparkdeep.pipelines",
             "transformers": "sparkdeep.transformers"}

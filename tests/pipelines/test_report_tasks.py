@@ -219,7 +219,7 @@ def test_the_report_names_the_strategy_and_what_it_communicated():
              "timings_s": {"launch_to_first_step": 9.5, "fit_total": 30.25}}
     text = rp.training_html({"train": {"keras": keras}})
     assert "<h2>Distributed training</h2>" in text
-    assert "local_sgd (weights averaged every 8 updates)" in text
+    assert "local_sgd (each rank alone, weights averaged every 8 updates)" in text
     assert "<th>exchanges per epoch (rank 0)</th><td style='text-align:left'>10.0</td>" in text
     assert "1.00 MB" in text and "3.50 s" in text and "0.25 s" in text and "9.5 s" in text  # epochs 2-3 mean
     assert rp.training_html({}) == "" and rp.training_html({"train": {"keras": {}}}) == ""

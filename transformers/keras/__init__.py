@@ -6,6 +6,8 @@
   with no Horovod import at all;
 - :mod:`.local_sgd`: each rank takes K optimizer steps alone, then the ranks average weights.
 
-Adding a strategy is one module here with a :class:`~.strategies.RankStrategy` subclass and
-one line in :data:`~.strategies.STRATEGIES`.
+Adding a strategy is one module here with a :class:`~.strategies.RankStrategy` subclass, its
+declaration in :data:`sparkdeep.registry.STRATEGY_RULES` (backend, the settings it takes:
+config, the estimator and the ranks' contract all check against it) and one line in
+:data:`~.strategies.IMPLEMENTATIONS`.
 """

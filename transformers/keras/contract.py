@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from sparkdeep.registry import Choices
+from sparkdeep.registry import Choices, strategy_conflicts, strategy_rule
 
 
 class Staged:
@@ -59,8 +59,15 @@ class RankSpec:
             raise ValueError(f"RankSpec.schedule_epochs must be >= epochs={self.epochs}, got {self.schedule_epochs}")
         if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
             raise ValueError(f"RankSpec: compression {self.compression!r} / lr_schedule {self.lr_schedule!r}")
-        if self.strategy not in Choices.STRATEGIES:
-            raise ValueError(f"RankSpec: strategy {self.strategy!r}")
+        try:
+            strategy_rule(self.strategy)
+        except ValueError as exc:
+            raise ValueError(f"RankSpec: {exc}") from None
+        conflicts = strategy_conflicts(self.strategy, {
+            "compression": self.compression, "accumulation_steps": self.accumulation_steps,
+            "measure_wait": self.measure_wait})
+        if conflicts:
+            raise ValueError("RankSpec: " + "; ".join(conflicts.values()))
 
     def describe(self) -> dict:
         """The spec without its bytes (for logs and reports)."""

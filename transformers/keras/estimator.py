@@ -34,7 +34,7 @@ from pyspark.sql import types as T
 from sparkdeep import tasks
 from sparkdeep.distributed import run_on_ranks
 from sparkdeep.names import quoted
-from sparkdeep.registry import Choices
+from sparkdeep.registry import STRATEGY_SETTINGS, Choices, strategy_conflicts, strategy_rule, strategy_takes
 
 from ..keras_models import DEFAULT_BUILDERS
 from ..sampling import with_row_draw
@@ -144,8 +144,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             tasks.metric_class(name, task)
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
-        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS),
-                               (self.strategy, Choices.STRATEGIES)):
+        strategy_rule(self.getOrDefault(self.strategy))
+        for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS)):
             if self.getOrDefault(param) not in allowed:
                 raise ValueError(f"{param.name} must be one of {', '.join(map(repr, allowed))}, "
                                  f"got {self.getOrDefault(param)!r}")
@@ -181,29 +181,15 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             raise ValueError(f"modelArgs is not a JSON object: {exc}") from None
 
     def _check_strategy_params(self) -> None:
-        """A param the chosen strategy does not use is an error, not silently ignored."""
-        strategy = self.getOrDefault(self.strategy)
+        """A param the chosen strategy does not take is an error, not silently ignored: the
+        strategy's own declaration (:data:`sparkdeep.registry.STRATEGY_RULES`) says which."""
         if self.getOrDefault(self.localSteps) < 1:
             raise ValueError(f"localSteps must be >= 1, got {self.getOrDefault(self.localSteps)}")
-        if strategy != "horovod" and self.getOrDefault(self.compression) != "none":
-            raise ValueError(f"compression={self.getOrDefault(self.compression)!r} applies to strategy='horovod' "
-                             f"only (Horovod's fp16 wire format); strategy={strategy!r} sends float32")
-        if strategy == "local_sgd" and self.getOrDefault(self.accumulationSteps) != 1:
-            raise ValueError("accumulationSteps applies to the all-reduce strategies; strategy='local_sgd' already "
-                             "communicates every localSteps updates: set localSteps instead")
-        if strategy == "parameter_server":
-            if self.getOrDefault(self.accumulationSteps) != 1:
-                raise ValueError("accumulationSteps applies to the all-reduce strategies; with "
-                                 "strategy='parameter_server' each update is one worker's batch: raise batchSize instead")
-            if self.isSet(self.scaleLearningRate) and self.getOrDefault(self.scaleLearningRate):
-                raise ValueError("scaleLearningRate applies to the synchronous strategies (one update per step of "
-                                 "every rank); with strategy='parameter_server' each update is one worker's batch "
-                                 "and the learning rate is used as given")
-            if self.getOrDefault(self.measureWait):
-                raise ValueError("measureWait applies to the synchronous strategies (a barrier before each "
-                                 "exchange); strategy='parameter_server''s workers never wait for each other")
-        if strategy != "local_sgd" and self.isSet(self.localSteps):
-            raise ValueError(f"localSteps applies to strategy='local_sgd' only, not strategy={strategy!r}")
+        given = {key: self.getOrDefault(self.getParam(s.param)) for key, s in STRATEGY_SETTINGS.items()
+                 if self.isSet(self.getParam(s.param))}
+        conflicts = strategy_conflicts(self.getOrDefault(self.strategy), given)
+        if conflicts:
+            raise ValueError("; ".join(conflicts.values()))
 
     def _builder_name(self) -> str:
         return self.getModelBuilder() or DEFAULT_BUILDERS[self.getTask()]
@@ -308,8 +294,8 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                                                        # weights are valid under any of them)
                                                        "strategy": self.getOrDefault(self.strategy),
                                                        "local_steps": self.getOrDefault(self.localSteps)
-                                                       if self.getOrDefault(self.strategy) == "local_sgd"
-                                                       else None})
+                                                       if strategy_takes(self.getOrDefault(self.strategy),
+                                                                         "local_steps") else None})
             self._copyValues(model)
             model._set(task=task)
             return model
@@ -349,7 +335,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             "history": chief.history,
             "ranks": [r.report() for r in results],
             "strategy": spec.strategy,
-            "local_steps": spec.local_steps if spec.strategy == "local_sgd" else None,
+            "local_steps": spec.local_steps if strategy_takes(spec.strategy, "local_steps") else None,
             "staleness": chief.staleness,
             "profile": profile_summary(results),
             "steps_per_epoch": chief.steps_per_epoch,

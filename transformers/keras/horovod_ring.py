@@ -12,6 +12,7 @@ a ``tf.function`` (it pairs the gathered values with the wrong input's ``dense_s
 """
 from __future__ import annotations
 
+from .profile import horovod_timeline_env
 from .strategies import RankStrategy, dense_gradients, merge_slices, payload_bytes, sparse_bytes
 
 
@@ -21,6 +22,7 @@ class HorovodRing(RankStrategy):
 
     def start(self) -> tuple[int, int]:
         import horovod.tensorflow as hvd
+        horovod_timeline_env(self.spec.trace_dir)  # read by hvd.init
         hvd.init()
         self.hvd = hvd
         self.size = hvd.size()

@@ -37,7 +37,7 @@ from sparkdeep.transformers._faults import after_epoch_hook
 from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-from .profile import EpochClock, EpochTrace, horovod_timeline_env, training_flops_per_sample
+from .profile import EpochClock, EpochTrace, training_flops_per_sample
 from .strategies import add_gradients, merged, scale_gradients
 
 log = logging.getLogger(__name__)
@@ -373,8 +373,6 @@ def train_rank(spec: RankSpec) -> RankResult:
     import keras
     launch = launch_instants(enter=t_enter, imported=time.time())
 
-    if spec.strategy == "horovod":
-        horovod_timeline_env(spec.trace_dir)
     rank, size = strategy.start()
     launch["joined"] = time.time()
     if strategy.trains_itself:

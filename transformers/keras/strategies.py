@@ -23,29 +23,29 @@ from __future__ import annotations
 
 import importlib
 
-# name -> (module, class, launch backend)
-STRATEGIES: dict[str, tuple[str, str, str]] = {
-    "horovod": ("horovod_ring", "HorovodRing", "horovod"),
-    "collective": ("tf_collective", "TensorFlowCollective", "tensorflow"),
-    "local_sgd": ("local_sgd", "LocalSGD", "tensorflow"),
-    "parameter_server": ("parameter_server", "ParameterServer", "tensorflow_ps"),
+from sparkdeep.registry import STRATEGY_RULES, strategy_rule
+
+# Where each declared strategy (sparkdeep.registry.STRATEGY_RULES: its name, backend and the
+# settings it takes) is implemented: module of this package, class. Imported on use only, so
+# the driver never imports Horovod for a strategy that does not need it.
+IMPLEMENTATIONS: dict[str, tuple[str, str]] = {
+    "horovod": ("horovod_ring", "HorovodRing"),
+    "collective": ("tf_collective", "TensorFlowCollective"),
+    "local_sgd": ("local_sgd", "LocalSGD"),
+    "parameter_server": ("parameter_server", "ParameterServer"),
 }
+if set(IMPLEMENTATIONS) != set(STRATEGY_RULES):  # pragma: no cover - a declaration without its class
+    raise ImportError(f"strategies declared {sorted(STRATEGY_RULES)} but implemented {sorted(IMPLEMENTATIONS)}")
 
 
 def backend_for(strategy: str) -> str:
     """The launch backend (:func:`sparkdeep.distributed.run_on_ranks`) a strategy needs."""
-    return _entry(strategy)[2]
-
-
-def _entry(strategy: str) -> tuple[str, str, str]:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
-    return STRATEGIES[strategy]
+    return strategy_rule(strategy).backend
 
 
 def make(strategy: str, spec) -> "RankStrategy":
     """The :class:`RankStrategy` named ``strategy``, for a rank training ``spec``."""
-    module, cls, _ = _entry(strategy)
+    module, cls = IMPLEMENTATIONS[strategy_rule(strategy).name]
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(spec)
 
 
