@@ -8,6 +8,33 @@ import pytest
 JOBS = ["ingest", "prepare", "train", "tune", "score", "evaluate", "pipeline"]
 
 
+def sparkdeep_command() -> list[str]:
+    """The installed console command (set-up installs the project), else its module."""
+    installed = os.path.join(os.path.dirname(sys.executable), "sparkdeep")
+    return [installed] if os.path.exists(installed) else [sys.executable, "-m", "sparkdeep.jobs.cli"]
+
+
+def test_the_sparkdeep_command_lists_every_job_and_passes_the_rest_on(tmp_path):
+    import doctest
+    import tomllib
+
+    import sparkdeep.jobs.cli as cli
+    assert doctest.testmod(cli).failed == 0
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "pyproject.toml"), "rb") as fh:
+        assert tomllib.load(fh)["project"]["scripts"]["sparkdeep"] == "sparkdeep.jobs.cli:main"
+    listed = subprocess.run([*sparkdeep_command(), "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    for name in cli.JOBS:
+        assert re.search(rf"^  {name} +\S", listed.stdout, re.M), listed.stdout
+    unknown = subprocess.run([*sparkdeep_command(), "trian"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "unknown command 'trian'" in unknown.stderr
+    assert subprocess.run(sparkdeep_command(), capture_output=True, text=True, timeout=60).returncode == 2
+    # Everything after the subcommand is the job's: a bad setting is the ingest job's one line.
+    bad = subprocess.run([*sparkdeep_command(), "ingest", "--set", "train.epochs=lots", "--output-dir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'train.epochs'" in bad.stderr
+
+
 def test_reproduce_help():
     out = subprocess.run([sys.executable, "-m", "sparkdeep.jobs.reproduce", "--help"],
                          capture_output=True, text=True, timeout=60)
