@@ -98,7 +98,7 @@ def floor(export_dir: str, sample: list[dict], repeat: int) -> dict:
     import pandas as pd
 
     from sparkdeep.pipelines.export import load_export
-    from sparkdeep.pipelines.serve import Scorer
+    from sparkdeep.pipelines.scoring import Scorer
     exported = load_export(export_dir)
     feats = np.load(os.path.join(export_dir, "..", "features.npy"))
     net = _network(exported.model)

@@ -157,7 +157,7 @@ SERVER_ROWS, SERVER_BATCH = 640, 64
 
 
 def server_measure(pipeline_model, holdout, repeat: int = 3) -> dict:
-    """Rows/s through the HTTP server's scorer (``pipelines/serve.Scorer``: the variant
+    """Rows/s through the HTTP server's scorer (``pipelines/scoring.Scorer``: the variant
     exported, one traced graph) on the first :data:`SERVER_ROWS` holdout rows as raw
     records under the source's names, :data:`SERVER_BATCH` rows a call, best of ``repeat``
     (no HTTP: ``bench/serving_bench.py`` measures what HTTP adds). A variant the export
@@ -166,7 +166,7 @@ def server_measure(pipeline_model, holdout, repeat: int = 3) -> dict:
 
     from sparkdeep.names import ORIGINAL_NAME
     from sparkdeep.pipelines import export as ex
-    from sparkdeep.pipelines.serve import Scorer
+    from sparkdeep.pipelines.scoring import Scorer
 
     with tempfile.TemporaryDirectory() as tmp:
         try:

@@ -59,7 +59,7 @@ import os
 import numpy as np
 
 from sparkdeep.pipelines import export as ex
-from sparkdeep.pipelines.serve import PREDICTED_CLASS, PREDICTION, PROBABILITY, RowChecker, Scorer, ServeOptions
+from sparkdeep.pipelines.scoring import PREDICTED_CLASS, PREDICTION, PROBABILITY, RowChecker, Scorer, ServeOptions
 
 #: The module MLflow imports to load the model (this one, under its installed name).
 LOADER_MODULE = "sparkdeep.pipelines.mlflow_model"

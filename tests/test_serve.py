@@ -24,7 +24,8 @@ from pyspark.sql import types as T
 
 from sparkdeep.jobs import serve as serve_job
 from sparkdeep.pipelines import export
-from sparkdeep.pipelines.serve import RowChecker, Scorer, ServeOptions, create_app
+from sparkdeep.pipelines.scoring import RowChecker, Scorer, ServeOptions
+from sparkdeep.pipelines.serve import create_app
 from tests.test_export import CLASSES, REPO, random_network
 
 SETTINGS = ("binary", "multiclass", "regression")

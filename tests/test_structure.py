@@ -30,6 +30,16 @@ def test_core_imports_nothing_from_pipelines_or_transformers():
         assert not bad, f"{os.path.relpath(path, REPO)} imports {sorted(bad)}"
 
 
+def test_only_the_serve_job_imports_the_http_server():
+    """The scorer and the row rules live in pipelines/scoring.py: the MLflow model, compress
+    and the benchmarks reach them without the HTTP module (and its Starlette imports)."""
+    for folder in ("jobs", "pipelines", "transformers", "sparkdeep"):
+        for path in sources(folder):
+            rel = os.path.relpath(path, REPO)
+            if rel != os.path.join("jobs", "serve.py"):
+                assert "sparkdeep.pipelines.serve" not in imports(path), f"{rel} imports the HTTP server module"
+
+
 def test_no_step_names_a_data_set():
     """Only the examples' loaders and the shipped specs know the flights or the diamonds."""
     allowed = {os.path.join("pipelines", "flights.py"), os.path.join("pipelines", "examples.py")}
