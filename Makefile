@@ -11,7 +11,7 @@ ifndef RUN_ID
 RUN_ID := make-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
 
-.PHONY: setup run test test-fast pipeline dist clean
+.PHONY: setup run test test-fast pipeline dist docs clean
 setup:
 	@bash scripts/setup.sh
 
@@ -39,6 +39,11 @@ pipeline: setup
 # The code for a cluster: a wheel and the same files as a --py-files zip (scripts/submit.sh uses it).
 dist: setup
 	@bash scripts/package.sh
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: any warning fails the
+# build (tests/test_docs.py runs the same). NO_MKDOCS_2_WARNING hides Material's end-of-life banner.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf output .pytest_cache dist build

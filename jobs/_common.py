@@ -34,6 +34,9 @@ Step = Callable[..., dict]
 
 
 def parser(name: str, description: str) -> argparse.ArgumentParser:
+    """The options every pipeline-step job takes (``--dataset``, ``--output-dir``,
+    ``--run-id``, ``--force``, the lock, config, traceback and verbosity options), for the
+    program ``python -m sparkdeep.jobs.<name>``; installs the console log handler."""
     logs.install_default()  # a job prints its lines; importing sparkdeep alone does not
     p = argparse.ArgumentParser(prog=f"python -m sparkdeep.jobs.{name}", description=description,
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +139,8 @@ def failed(label: str, exc: BaseException, show_traceback: bool, step: str | Non
 
 
 def load(args: argparse.Namespace) -> Config:
+    """The config the parsed options ask for: ``--conf-dir``, ``--env`` and ``--set``, with
+    ``--dataset`` and ``--output-dir`` as the overrides ``data.dataset`` and ``output_dir``."""
     overrides = list(args.overrides)
     if getattr(args, "dataset", None):
         overrides.insert(0, f"data.dataset={args.dataset}")
@@ -227,7 +232,26 @@ def _execute(names: list[str], steps: dict[str, Step], args: argparse.Namespace,
 
 
 def main_for(name: str, description: str, step: Step) -> Callable[[list[str] | None], int]:
+    """A job module's ``main``: the step ``name`` (``step``) run as one step of a run.
+
+    Parameters
+    ----------
+    name
+        The step's name, in ``sparkdeep.runs.STEPS``; the program is
+        ``python -m sparkdeep.jobs.<name>``.
+    description
+        The ``--help`` text (the job module's docstring).
+    step
+        ``step(spark, cfg, paths, run) -> dict``, the work (in ``sparkdeep.pipelines``).
+
+    Returns
+    -------
+    Callable
+        ``main(argv=None) -> int``: parses ``argv`` (:func:`parser`), runs the step
+        (:func:`execute`) and returns the exit status.
+    """
     def main(argv: list[str] | None = None) -> int:
+        """Parse ``argv`` (default: the command line), run the step; the exit status."""
         args = parser(name, description).parse_args(argv)
         return execute([name], {name: step}, args, app_name=f"sparkdeep-{name}")
     return main

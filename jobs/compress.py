@@ -28,6 +28,8 @@ log = logging.getLogger("sparkdeep.jobs.compress")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.compress [options]``: build and measure the variants of the
+    promoted network; returns the exit status (0 compressed, 1 failed, 2 bad config or off)."""
     p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.compress", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit status: 0 compressed, 1 it failed, 2 bad config or arguments "

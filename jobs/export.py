@@ -33,6 +33,8 @@ log = logging.getLogger("sparkdeep.jobs.export")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.export [options]``: export the promoted pipeline (and log
+    it as an MLflow model); returns the exit status (0 exported, 1 failed, 2 bad config)."""
     p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit status: 0 exported, 1 the export failed, 2 bad config or arguments.")

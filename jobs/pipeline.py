@@ -22,6 +22,8 @@ STEPS = {name: importlib.import_module(f"sparkdeep.jobs.{name}").step for name i
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.pipeline [--steps a,b,...] [options]``: the steps in one
+    process and session; returns the exit status (2: an unknown step)."""
     p = parser("pipeline", __doc__)
     p.add_argument("--steps", default=",".join(STEPS),
                    help="comma-separated steps to run, in order (default: %(default)s)")

@@ -25,6 +25,9 @@ log = logging.getLogger("sparkdeep.jobs.reproduce")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.reproduce --model M [--to DIR] [options]``: re-create a
+    model's recorded training table by time travel and check it; returns the exit status
+    (0 re-created, 1 failed, 2 bad config or arguments)."""
     p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,

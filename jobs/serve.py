@@ -34,6 +34,8 @@ class BadPath(ValueError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.serve (--export DIR | --output-dir OUT) [options]``: serve
+    the export over HTTP until stopped; returns the exit status (in ``--help``)."""
     defaults = ServeOptions()
     p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -20,12 +20,21 @@ STEP = "train"
 
 
 def require_trials(cfg: Config) -> None:
+    """Refuse a config that asks for no search (``tune.trials`` < 1): the train job is for that.
+
+    Raises
+    ------
+    ConfigError
+        ``tune.trials`` is below 1.
+    """
     if cfg.tune.trials < 1:
         raise ConfigError(f"config key 'tune.trials': value {cfg.tune.trials} means no search, and this job searches: "
                           "pass --trials N (or --set tune.trials=N) with N >= 1; the train job trains without one")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sparkdeep.jobs.tune --trials N [options]``: the run's train step with a
+    search first; returns the exit status."""
     p = parser("tune", __doc__)
     p.add_argument("--trials", type=int, default=None, metavar="N",
                    help="trials per search, the network's and XGBoost's (the same as --set tune.trials=N; "

@@ -9,6 +9,15 @@ from pyspark.sql import types as T
 
 
 def require_vector(schema: T.StructType, col: str, param: str = "featuresCol") -> None:
+    """Refuse a missing or non-vector column, naming the param that named it.
+
+    Raises
+    ------
+    ValueError
+        ``col`` is not a column of ``schema``.
+    TypeError
+        ``col`` is not a vector column.
+    """
     if col not in schema.fieldNames():
         raise ValueError(f"{param} {col!r} is not a column of the input "
                          f"(columns: {', '.join(schema.fieldNames())})")
@@ -17,11 +26,27 @@ def require_vector(schema: T.StructType, col: str, param: str = "featuresCol") -
 
 
 def require_new(schema: T.StructType, col: str, param: str = "outputCol") -> None:
+    """Refuse an output column that already exists in the input, naming the param.
+
+    Raises
+    ------
+    ValueError
+        ``col`` is already a column of ``schema``.
+    """
     if col in schema.fieldNames():
         raise ValueError(f"{param} {col!r} already exists in the input; choose another name")
 
 
 def require_numeric(schema: T.StructType, col: str, param: str = "labelCol") -> None:
+    """Refuse a missing or non-numeric column, naming the param that named it.
+
+    Raises
+    ------
+    ValueError
+        ``col`` is not a column of ``schema``.
+    TypeError
+        ``col`` is not numeric.
+    """
     if col not in schema.fieldNames():
         raise ValueError(f"{param} {col!r} is not a column of the input")
     if not isinstance(schema[col].dataType, T.NumericType):

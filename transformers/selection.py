@@ -651,6 +651,18 @@ class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParams
 
 
 def fit_importance(df, features, label, method, kind, trees, reg, seed) -> np.ndarray:
+    """Each feature's importance for :class:`ModelImportanceSelector`.
+
+    ``method`` ``randomForest`` or ``gbt``: MLlib's ``featureImportances`` of a forest or
+    boosted trees of ``trees`` trees; otherwise the summed absolute weights of an L1
+    (``reg``) logistic regression (``kind`` ``categorical``) or linear regression, on
+    standardised features.
+
+    Returns
+    -------
+    numpy.ndarray
+        One importance per slot of the ``features`` vector.
+    """
     from pyspark.ml import classification as C
     from pyspark.ml import regression as R
     classify = kind == "categorical"

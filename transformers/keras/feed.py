@@ -115,6 +115,8 @@ def chunk_rows_for(buffer_rows: int) -> int:
 
 
 def read_index(folder: str) -> dict:
+    """The spill index of a rank's folder (``index.json``): each part's row count and
+    chunk files; empty parts when nothing was spilled there."""
     path = os.path.join(folder, "index.json")
     if not os.path.isfile(path):
         return {TRAIN: {"rows": 0, "chunks": []}, VALIDATION: {"rows": 0, "chunks": []}}

@@ -15,6 +15,8 @@ from .tf_collective import TensorFlowCollective
 
 
 class LocalSGD(TensorFlowCollective):
+    """Strategy ``local_sgd``: ``localSteps`` updates alone on each rank, then the weights
+    averaged over TensorFlow's collectives, and once more at the end of every epoch."""
     name = "local_sgd"
     reduces_in_graph = True  # nothing to reduce: the step is one graph call
 

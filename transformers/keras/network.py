@@ -24,6 +24,7 @@ def keras_from_bytes(data: bytes):
         return keras.saving.load_model(path, compile=False, safe_mode=True)
 
 def keras_to_bytes(model) -> bytes:
+    """The model as the bytes of a ``.keras`` archive (Keras 3's own format, no pickle)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
@@ -31,6 +32,7 @@ def keras_to_bytes(model) -> bytes:
             return fh.read()
 
 def weights_digest(model) -> str:
+    """SHA-256 (hex) of the model's weights in order: equal on ranks holding identical replicas."""
     h = hashlib.sha256()
     for w in model.get_weights():
         h.update(w.tobytes())
@@ -56,6 +58,13 @@ def builder_parameters(fn) -> set[str]:
     return set(params)
 
 def resolve_builder(spec: str):
+    """The model builder a ``modelBuilder`` param names, ``"package.module:function"``.
+
+    Raises
+    ------
+    ValueError
+        ``spec`` is not of that form, cannot be imported, or is not callable.
+    """
     if ":" not in spec:
         raise ValueError(f"modelBuilder {spec!r} must look like 'package.module:function'")
     module, name = spec.split(":", 1)
