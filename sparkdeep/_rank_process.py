@@ -20,7 +20,7 @@ _STARTED = time.time()  # before any import of ours: the interpreter's own start
 
 
 def main(work: str) -> int:
-    from sparkdeep.distributed import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send_failure
+    from sparkdeep.channel import _BEAT_ENV, FAST_EXIT_ENV, PROCESS_START_ENV, RANK_ENV, heartbeat, send_failure
     from sparkdeep.errors import error_line
     from sparkdeep.logs import install_default
 

@@ -16,16 +16,12 @@ repartitioned ``data``, or a barrier RDD when there is none). Each task:
    with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
 4. returns the child's pickled result as one Arrow row.
 
-Two backends say how the ranks find each other (``backend=``):
-
-- ``horovod``: the driver runs Horovod's Gloo rendezvous server, initialised with the host
-  plan; each rank gets the ``HOROVOD_*`` variables (local and cross ranks from the task
-  hosts) and ``HOROVOD_GLOO_TIMEOUT_SECONDS``;
-- ``tensorflow``: no Horovod import anywhere; each rank gets ``TF_CONFIG`` naming every
-  task's host and port (a worker cluster for ``MultiWorkerMirroredStrategy``).
-
-Both get ``SPARKDEEP_COLLECTIVE_TIMEOUT``: twice the stall timeout, so that a frozen rank is
-found by its missing heartbeat (and named) before a peer's collective gives up on it.
+This module is the launcher: the barrier stage, the rank task, the watch loop and the
+explanation of a failure. How the ranks find each other under each backend (``backend=``:
+``horovod``, Gloo rendezvous and ``HOROVOD_*``; ``tensorflow``, ``TF_CONFIG`` and no Horovod
+import anywhere) is :mod:`sparkdeep.backends`; the channel the tasks and ranks speak to the
+driver (join, heartbeats, output, errors, files) and the variables a rank is started with
+are :mod:`sparkdeep.channel`.
 
 Failures end the run with a :class:`RankFailedError` naming the rank, never a hang:
 
@@ -45,8 +41,6 @@ Failures end the run with a :class:`RankFailedError` naming the rank, never a ha
 from __future__ import annotations
 
 import json
-import logging
-import math
 import os
 import re
 import sys
@@ -55,23 +49,18 @@ import time
 import uuid
 from typing import Callable, Sequence
 
-log = logging.getLogger(__name__)
+from sparkdeep.backends import (BACKENDS, TIMEOUT_ENV, _free_ports, backend_env, collective_timeout, host_plan,
+                                rendezvous_for)
+from sparkdeep.channel import (_BEAT_ENV, DEVICES_ENV, LAUNCH_TIMES_ENV, RANK_DATA_ENV, RANK_ENV, SIZE_ENV, _Channel,
+                               _Lines, join, send)
 
-_BEAT_ENV = "SPARKDEEP_HEARTBEAT"  # "host:port:token:interval_s", set for the ranks
-RANK_DATA_ENV = "SPARKDEEP_RANK_DATA"  # the folder holding this rank's spilled partition
-DEVICES_ENV = "SPARKDEEP_DEVICES"  # the GPU addresses Spark gave the rank's task
-RANK_ENV, SIZE_ENV = "SPARKDEEP_RANK", "SPARKDEEP_SIZE"  # this rank and the number of ranks
-TIMEOUT_ENV = "SPARKDEEP_COLLECTIVE_TIMEOUT"  # seconds a collective may wait for a peer
-# The launch's instants (time.time()) a rank's task saw: its start, its shard spilled, its
-# process spawned (JSON); the rank process adds its own start (:data:`PROCESS_START_ENV`).
-LAUNCH_TIMES_ENV = "SPARKDEEP_LAUNCH_TIMES"
-PROCESS_START_ENV = "SPARKDEEP_PROCESS_START"
-# Set to "1" by a rank whose backend has shut down with its peers: its process may end
-# without the interpreter's teardown once its result is written.
-FAST_EXIT_ENV = "SPARKDEEP_FAST_EXIT"
-BACKENDS = ("horovod", "tensorflow", "tensorflow_ps")
+# The channel and the backends' environments were split out of this module: their names
+# that callers import from here still resolve.
+from sparkdeep.backends import _free_port, _interface_for, tf_config  # noqa: F401 - moved; importable here as before
+from sparkdeep.channel import (  # noqa: F401 - moved; importable here as before
+    _TRACE_CHARS, FAST_EXIT_ENV, PROCESS_START_ENV, _address_and_line, heartbeat, put, send_failure)
+
 _FORWARD_PREFIXES = ("SPARKDEEP_", "HOROVOD_", "TF_", "NCCL_", "KERAS_")
-_TRACE_CHARS = 100_000  # the most of a rank's traceback sent to the driver (its tail)
 
 
 class RankFailedError(RuntimeError):
@@ -84,237 +73,6 @@ class RankFailedError(RuntimeError):
         self.details = details
         who = f"Training rank {rank}" if rank is not None else "A training rank"
         super().__init__(f"{who} failed: {message}")
-
-
-class _Channel:
-    """The driver's listener for the ranks and their tasks: one text line per message,
-    ``token kind rank rest``, where kind is ``beat`` (rest: pid), ``done`` (the rank's
-    process ended), ``fail`` (rest: the error), ``trace`` (rest: the rank's traceback as a
-    JSON string, sent before its ``fail``), ``log`` (rest: a line of the rank's output,
-    printed on the driver), ``join`` (rest: what a task tells every other as JSON; answered,
-    once all ``size`` tasks have joined and the rendezvous holds task 0's host plan, with
-    ``ok`` and every task's JSON in rank order: Spark's ``allGather`` and ``barrier`` would do
-    the same, but each polls once a second, which cost 2 s per launch) or ``put`` (rest:
-    ``<length> <name>``, then that many bytes: a file
-    for the driver to store, see :func:`put`; answered ``ok`` once stored, else ``error
-    <why>``). Lines without the run's random token are ignored."""
-
-    def __init__(self, host: str, on_plan: Callable[[list], None], out,
-                 on_put: Callable[[int, str, bytes], None] | None = None, size: int = 0):
-        import secrets
-        import socketserver
-
-        self.token = secrets.token_hex(8)
-        self.size, self._joined, self._planned, self._closed = size, {}, False, False
-        self._join = threading.Condition()
-        self.beats: dict = {}
-        self.finished: set = set()
-        self.failures: list = []
-        self.traces: dict = {}
-        lock = threading.Lock()
-        channel = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            timeout = 600
-
-            def handle(self):
-                while True:
-                    try:
-                        line = self.rfile.readline(1 << 20).decode("utf-8", "replace")
-                    except OSError:
-                        return
-                    if not line:
-                        return
-                    words = line.rstrip("\n").split(" ", 3)
-                    if len(words) < 3 or words[0] != channel.token or not words[2].isdigit():
-                        continue
-                    kind, rank, rest = words[1], int(words[2]), words[3] if len(words) > 3 else ""
-                    if kind == "beat" and rest.isdigit() and rank not in channel.finished:
-                        channel.beats[rank] = (time.monotonic(), int(rest))
-                    elif kind == "done":  # the rank's process has ended: no more beats to expect
-                        channel.finished.add(rank)
-                        channel.beats.pop(rank, None)
-                    elif kind == "fail":
-                        with lock:
-                            channel.failures.append((rank, rest))
-                    elif kind == "trace":
-                        try:
-                            channel.traces[rank] = str(json.loads(rest))
-                        except ValueError:
-                            pass  # cut short: the one-line error still comes
-                    elif kind == "log":
-                        try:
-                            if out is None:
-                                log.info(rest)
-                            else:
-                                out.write(rest + "\n")
-                                out.flush()
-                        except Exception:  # noqa: BLE001 - a closed notebook stream must not kill training
-                            pass
-                    elif kind == "put":
-                        size, _, name = rest.partition(" ")
-                        if not size.isdigit():
-                            return
-                        data = self.rfile.read(int(size))
-                        if len(data) != int(size):
-                            return  # the rank went away mid-file: nothing is stored
-                        try:
-                            if on_put is None:
-                                raise RuntimeError("this launch takes no files from its ranks")
-                            on_put(rank, name, data)
-                            reply = b"ok\n"
-                        except Exception as exc:  # noqa: BLE001 - the rank raises it, naming the file
-                            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
-                        self.wfile.write(reply)
-                        self.wfile.flush()
-                    elif kind == "join":
-                        self.wfile.write(channel.join(rank, json.loads(rest), on_plan).encode() + b"\n")
-                        self.wfile.flush()
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(("0.0.0.0", 0), Handler)
-        self.address = f"{host}:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, name="sparkdeep-rank-channel", daemon=True).start()
-
-    def join(self, rank: int, info: dict, on_plan: Callable[[list], None]) -> str:
-        """Task ``rank``'s join: wait for every task's, hand task 0's host plan to the
-        rendezvous once, then answer with every task's ``info`` in rank order."""
-        with self._join:
-            self._joined[rank] = info
-            self._join.notify_all()
-            self._join.wait_for(lambda: len(self._joined) >= self.size or self._closed)
-            if self._closed:
-                return "error the launch ended before every task joined"
-            if not self._planned:
-                on_plan(self._joined[0]["plan"])
-                self._planned = True
-            return "ok " + json.dumps([self._joined[r] for r in range(self.size)])
-
-    def close(self) -> None:
-        with self._join:
-            self._closed = True
-            self._join.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def join(setting: str, rank: int, info: dict) -> list:
-    """From a task: tell the driver ``info`` and get every task's, in rank order (no
-    timeout: a task that never joins fails its stage, which kills this one)."""
-    import socket
-    address, line = _address_and_line(setting, "join", rank, json.dumps(info))
-    with socket.create_connection(address, timeout=30) as conn:
-        conn.sendall(line)
-        conn.settimeout(None)
-        reply = conn.makefile("rb").readline().decode("utf-8", "replace")
-    if not reply.startswith("ok "):
-        raise RuntimeError(f"rank {rank}: the driver did not answer its join (reply {reply!r})")
-    return json.loads(reply[3:])
-
-
-def _address_and_line(setting: str, kind: str, rank, text: str) -> tuple[tuple[str, int], bytes]:
-    """Where the driver's channel listens, and one message to it as a line of bytes
-    (``setting`` = "host:port:token[:interval]"; newlines in ``text`` become " | ")."""
-    host, port, token = setting.split(":")[:3]
-    return (host, int(port)), f"{token} {kind} {rank} {text}".replace("\n", " | ").encode() + b"\n"
-
-
-def send(setting: str, kind: str, rank, text: str = "", *, wait_reply: bool = False, timeout: float = 30.0):
-    """One message to the driver's channel, on a connection of its own."""
-    import socket
-    address, line = _address_and_line(setting, kind, rank, text)
-    with socket.create_connection(address, timeout=timeout) as conn:
-        conn.sendall(line)
-        if wait_reply:
-            conn.settimeout(timeout)
-            reply = conn.makefile("rb").readline()
-            if reply.strip() != b"ok":
-                raise RuntimeError(f"the driver did not accept the {kind} message (reply {reply!r})")
-
-
-def send_failure(setting: str, rank, message: str, details: str = "") -> None:
-    """From a rank: its error as one line and, before it on the same connection (so the
-    driver holds both once it sees the error), its full traceback ``details``."""
-    import socket
-    address, fail = _address_and_line(setting, "fail", rank, message)
-    lines = [fail]
-    if details:
-        # The channel reads lines of up to 1 MiB: the innermost frames are the ones to keep.
-        lines.insert(0, _address_and_line(setting, "trace", rank, json.dumps(details[-_TRACE_CHARS:]))[1])
-    with socket.create_connection(address, timeout=30) as conn:
-        conn.sendall(b"".join(lines))
-
-
-def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
-    """From a rank: hand the file ``name`` (its bytes) to the driver, which stores it with
-    the launch's ``on_put`` (:func:`run_on_ranks`), and wait until it is stored. A rank has
-    no Spark session, so this is how it writes where only the driver can (``hdfs://``...).
-
-    Raises
-    ------
-    RuntimeError
-        Not inside a launched rank, or the driver could not store the file (its reason).
-    """
-    import socket
-    setting = os.environ.get(_BEAT_ENV, "")
-    if not setting:
-        raise RuntimeError(f"put({name!r}): not inside a rank started by run_on_ranks")
-    rank = os.environ.get(RANK_ENV, "0")
-    address, line = _address_and_line(setting, "put", rank, f"{len(data)} {name}")
-    with socket.create_connection(address, timeout=timeout) as conn:
-        conn.settimeout(timeout)
-        conn.sendall(line)
-        conn.sendall(data)
-        reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
-    if reply != "ok":
-        raise RuntimeError(f"the driver could not store {name}: {reply.removeprefix('error ') or 'no reply'}")
-
-
-class _Lines:
-    """One connection to the driver's channel for many lines (a rank's output), reopened
-    once if it breaks; lines that cannot be sent are printed locally instead."""
-
-    def __init__(self, setting: str, rank):
-        self.setting, self.rank, self._conn = setting, rank, None
-
-    def send(self, kind: str, text: str) -> None:
-        import socket
-        address, line = _address_and_line(self.setting, kind, self.rank, text)
-        for _ in range(2):
-            try:
-                if self._conn is None:
-                    self._conn = socket.create_connection(address, timeout=30)
-                self._conn.sendall(line)
-                return
-            except OSError:
-                self.close()
-        log.info(text)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except OSError:
-                pass
-            self._conn = None
-
-
-def heartbeat(rank, setting: str) -> None:
-    """A daemon thread of the rank: a beat to the driver every few seconds while the
-    process runs (a frozen process sends none)."""
-    interval = float(setting.split(":")[3])
-
-    def beat():
-        while True:
-            try:
-                send(setting, "beat", rank, str(os.getpid()), timeout=interval)
-            except OSError:
-                pass  # the driver notices the silence
-            time.sleep(interval)
-    threading.Thread(target=beat, name="sparkdeep-heartbeat", daemon=True).start()
 
 
 # Errors a rank raises only because another rank left the ring first.
@@ -342,88 +100,6 @@ def read_shard_counts(folder: str) -> list:
     """Every rank's spilled row counts (by part), as gathered by the launcher."""
     with open(os.path.join(folder, "ranks.json")) as fh:
         return json.load(fh)["counts"]
-
-
-def host_plan(hosts: list[str]) -> list[dict]:
-    """Horovod's slot plan for tasks on ``hosts`` (rank = task index): local rank and size
-    among the tasks of one host, cross rank and size among the hosts with that local rank."""
-    plan = []
-    for rank, host in enumerate(hosts):
-        local = [r for r, h in enumerate(hosts) if h == host]
-        plan.append({"hostname": host, "rank": rank, "size": len(hosts), "local_rank": local.index(rank),
-                     "local_size": len(local)})
-    for slot in plan:
-        peers = [p for p in plan if p["local_rank"] == slot["local_rank"]]
-        slot["cross_rank"] = [p["rank"] for p in peers].index(slot["rank"])
-        slot["cross_size"] = len(peers)
-    return plan
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this host now (the rank's TensorFlow servers bind
-    them moments later); all held open at once, so no two are the same."""
-    import socket
-    from contextlib import ExitStack
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in socks:
-            s.bind(("", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-
-
-def _free_port() -> int:
-    return _free_ports(1)[0]
-
-
-def tf_config(hosts: list[str], ports: list, rank: int, ps: bool = False) -> str:
-    """``TF_CONFIG`` for rank ``rank``: a worker cluster of every task's ``host:port``; with
-    ``ps``, also one parameter server on rank 0's host (its second port)."""
-    cluster = {"worker": [f"{h}:{p[0]}" for h, p in zip(hosts, ports)]}
-    if ps:
-        cluster["ps"] = [f"{hosts[0]}:{ports[0][1]}"]
-    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})
-
-
-def backend_env(backend: str, conf: dict, plan: list[dict], ports: list[int], rank: int) -> dict:
-    """The variables by which rank ``rank`` finds its peers under ``backend``."""
-    slot = plan[rank]
-    if backend.startswith("tensorflow"):
-        return {"TF_CONFIG": tf_config([p["hostname"] for p in plan], ports, rank, ps=backend == "tensorflow_ps")}
-    rendezvous_host, rendezvous_port = conf["rendezvous"]
-    env = {"HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(rank),
-           "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
-           "HOROVOD_LOCAL_SIZE": str(slot["local_size"]), "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
-           "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
-           "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-           "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(math.ceil(conf["collective_timeout"])))}
-    iface = _interface_for(rendezvous_host)
-    if iface:
-        env["HOROVOD_GLOO_IFACE"] = iface
-    return env
-
-
-def collective_timeout(stall_timeout: float) -> float:
-    """How long a collective may wait for a peer: twice the stall timeout (the heartbeat
-    watchdog fires first and names a frozen rank); 30 minutes without a watchdog."""
-    return 2.0 * stall_timeout if stall_timeout else 1800.0
-
-
-def _interface_for(address: str) -> str | None:
-    """The network interface this host uses to reach ``address`` (Gloo binds to it)."""
-    import socket
-
-    import psutil
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((address, 9))
-            local = s.getsockname()[0]
-    except OSError:
-        return None
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
-            return name
-    return None
 
 
 def _die_with_parent() -> None:
@@ -609,7 +285,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         raise RuntimeError("run_on_ranks needs an active SparkContext")
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     out = stdout  # None: the ranks' lines go to this module's logger
-    rendezvous, on_plan = _rendezvous(backend)
+    rendezvous, on_plan = rendezvous_for(backend)
     channel = _Channel(host, on_plan, out, on_put, size=num_proc)
     port = rendezvous.start() if rendezvous is not None else 0
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
@@ -674,22 +350,6 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         if rendezvous is not None:
             rendezvous.stop()
         shipped.destroy()
-
-
-def _rendezvous(backend: str):
-    """The driver's rendezvous for ``backend`` (Horovod's Gloo server, or None) and what to
-    do with the host plan task 0 sends."""
-    if backend != "horovod":
-        return None, lambda plan: None
-    from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousServer
-    rendezvous = RendezvousServer(verbose=0)
-
-    def on_plan(plan: list) -> None:
-        rendezvous.init([SlotInfo(hostname=p["hostname"], rank=p["rank"], local_rank=p["local_rank"],
-                                  cross_rank=p["cross_rank"], size=p["size"], local_size=p["local_size"],
-                                  cross_size=p["cross_size"]) for p in plan])
-    return rendezvous, on_plan
 
 
 def _stalled(beats: dict, timeout: float):

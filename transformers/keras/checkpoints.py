@@ -19,7 +19,7 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
 
     import numpy as np
 
-    from sparkdeep.distributed import put
+    from sparkdeep.channel import put
     epoch_folder = f"epoch-{int(state['completed_epochs']):04d}"
     buffer = io.BytesIO()
     np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
@@ -108,6 +108,16 @@ def checkpoint_signature(**parts) -> dict:
     return json.loads(json.dumps(parts, sort_keys=True, default=str))
 
 def check_signature(folder: str, run_id: str, saved: dict | None, now: dict) -> None:
+    """Refuse to resume a checkpoint made for other training.
+
+    ``saved`` is the signature recorded with the checkpoint (``None``: none was recorded,
+    nothing to compare), ``now`` this fit's (:func:`checkpoint_signature`).
+
+    Raises
+    ------
+    ValueError
+        The two differ; the message names each key that does, then and now.
+    """
     if saved is None:  # written before signatures were recorded
         return
     changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]

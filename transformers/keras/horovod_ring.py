@@ -17,6 +17,11 @@ from .strategies import RankStrategy, dense_gradients, merge_slices, payload_byt
 
 
 class HorovodRing(RankStrategy):
+    """Strategy ``horovod``: every update's gradients averaged by Horovod's ring all-reduce.
+
+    The all-reduce runs inside the rank's one-graph step (``reduces_in_graph``); it takes
+    ``compression`` and ``accumulation_steps``.
+    """
     name = "horovod"
     reduces_in_graph = True
 
@@ -80,6 +85,6 @@ class HorovodRing(RankStrategy):
         so after it no peer can be waiting on this rank: the process may end at once."""
         import os
 
-        from sparkdeep.distributed import FAST_EXIT_ENV
+        from sparkdeep.channel import FAST_EXIT_ENV
         self.hvd.shutdown()
         os.environ[FAST_EXIT_ENV] = "1"

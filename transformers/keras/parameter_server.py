@@ -112,12 +112,18 @@ def _read_control() -> dict:
 
 
 class ParameterServer(RankStrategy):
+    """Strategy ``parameter_server``: asynchronous updates through TensorFlow's
+    ``ParameterServerStrategy`` (the roles and the staleness count: this module's docstring).
+
+    It ``trains_itself``: rank 0's coordinator drives every worker, instead of a step loop
+    per rank.
+    """
     name = "parameter_server"
     trains_itself = True  # the coordinator drives every worker: no per-rank step loop
     inter_op_threads = 4  # servers and the coordinator in one process need more than one
 
     def start(self) -> tuple[int, int]:
-        from sparkdeep.distributed import TIMEOUT_ENV
+        from sparkdeep.backends import TIMEOUT_ENV
         config = json.loads(os.environ["TF_CONFIG"])
         self.cluster = config["cluster"]
         self.rank, self.size = int(config["task"]["index"]), len(self.cluster["worker"])

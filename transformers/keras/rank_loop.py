@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 def _pin_devices() -> str | None:
     """The GPU(s) Spark gave this rank's task: the launcher has already set
     ``CUDA_VISIBLE_DEVICES`` to them (None on CPU executors)."""
-    from sparkdeep.distributed import DEVICES_ENV
+    from sparkdeep.channel import DEVICES_ENV
     return os.environ.get(DEVICES_ENV) or None
 
 
@@ -77,7 +77,7 @@ def _os_threads() -> int:
 def launch_instants(**now: float) -> dict:
     """The instants of this rank's launch (``time.time()``): those its task passed on (task
     start, shard spilled, process spawned), the process's own start, and ``now``'s."""
-    from sparkdeep.distributed import LAUNCH_TIMES_ENV, PROCESS_START_ENV
+    from sparkdeep.channel import LAUNCH_TIMES_ENV, PROCESS_START_ENV
     out = dict(json.loads(os.environ.get(LAUNCH_TIMES_ENV) or "{}"))
     if os.environ.get(PROCESS_START_ENV):
         out["process_start"] = float(os.environ[PROCESS_START_ENV])
@@ -356,7 +356,7 @@ def _shard_counts(folder: str) -> list:
 
 def train_rank(spec: RankSpec) -> RankResult:
     """Train on this rank's streamed shard; rank 0 also returns the trained model and history."""
-    from sparkdeep.distributed import RANK_DATA_ENV
+    from sparkdeep.channel import RANK_DATA_ENV
     from sparkdeep.logs import install_default
 
     from .feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps

@@ -21,7 +21,7 @@ from .strategies import RankStrategy, payload_bytes
 
 
 def _timeout_s() -> float:
-    from sparkdeep.distributed import TIMEOUT_ENV
+    from sparkdeep.backends import TIMEOUT_ENV
     return float(os.environ.get(TIMEOUT_ENV) or 1800.0)
 
 
@@ -41,6 +41,8 @@ def _configure_coordination(workers: int, timeout_s: float) -> None:
 
 
 class TensorFlowCollective(RankStrategy):
+    """Strategy ``collective``: every update's gradients averaged by
+    ``MultiWorkerMirroredStrategy``'s all-reduce, from a ``TF_CONFIG``; no Horovod import."""
     name = "collective"
 
     def start(self) -> tuple[int, int]:
