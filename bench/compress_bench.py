@@ -60,7 +60,7 @@ def main() -> int:
     from sparkdeep.config import SparkConfig
     from sparkdeep.pipelines import compress as cp
     from sparkdeep.session import builder
-    from sparkdeep.transformers.keras.model import KerasHorovodModel
+    from sparkdeep.transformers.keras.model import DistributedKerasModel
     from sparkdeep.transformers.keras.network import keras_to_bytes
     from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
@@ -85,7 +85,7 @@ def main() -> int:
     fit_s = time.perf_counter() - t0
     # Saved as the ranks save it: the network alone (a compiled model's file also holds Adam's state).
     from sparkdeep.transformers.keras.network import keras_from_bytes
-    stage = KerasHorovodModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))),
+    stage = DistributedKerasModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))),
                               trainingSummary={"task": "binary"})
     stage._set(task="binary")
     original = PipelineModel([VectorAssembler(inputCols=cols, outputCol="features"), stage])

@@ -1,4 +1,4 @@
-"""Scoring (issue 25): KerasHorovodModel.transform against the floor of Spark's path to Python.
+"""Scoring (issue 25): DistributedKerasModel.transform against the floor of Spark's path to Python.
 
 Every figure comes from this one run, on one cached DataFrame (Spark local[2], rows from
 ``spark.range`` + ``randn``: one categorical and ``features - 1`` numeric columns, indexed,
@@ -9,7 +9,7 @@ assembled and standardised into a ``features`` vector):
   double per row (its first element) and no model: what moving the rows into Python and
   one number back costs;
 - before: the transform as it was before issue 25 (``before_transform``: its UDF copied
-  from the commit before), after: ``KerasHorovodModel.transform`` now;
+  from the commit before), after: ``DistributedKerasModel.transform`` now;
 - predict: keras ``model.predict(x, batch_size=10000)`` on the same rows as numpy, here;
 - pipeline: StringIndexer + VectorAssembler + StandardScaler + the network, saved, loaded
   and applied to the raw rows, beside the same stages + MLlib's GBTClassifier (20 trees
@@ -124,7 +124,7 @@ def first_as_scores(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
 
 
 def before_transform(model, dataset):
-    """``KerasHorovodModel.transform`` as it was at ``BEFORE_COMMIT`` (its driver checks left
+    """``DistributedKerasModel.transform`` as it was at ``BEFORE_COMMIT`` (its driver checks left
     out): an eager ``model(x)`` per batch, the worker's heap never frozen, one score per row
     back to the JVM, which builds the probability vector and the prediction."""
     import hashlib
@@ -161,7 +161,7 @@ def before_transform(model, dataset):
             finite = np.isfinite(x).all(axis=1)
             bad = n - int(finite.sum())
             if bad and mode == "error":
-                raise ValueError(f"KerasHorovodModel: featuresCol {fcol!r} has {bad} rows in a batch that are "
+                raise ValueError(f"DistributedKerasModel: featuresCol {fcol!r} has {bad} rows in a batch that are "
                                  "null or hold NaN/infinite values (as float32); fix or drop them, or set "
                                  "handleInvalid='keep' to give them null outputs")
             p = np.full((n, units), np.nan)
@@ -169,7 +169,7 @@ def before_transform(model, dataset):
             if len(idx):
                 out = np.asarray(model(x[finite], training=False), dtype="float64").reshape(len(idx), units)
                 if not np.isfinite(out).all():
-                    raise ValueError(f"KerasHorovodModel: the network produced "
+                    raise ValueError(f"DistributedKerasModel: the network produced "
                                      f"{int((~np.isfinite(out).all(axis=1)).sum())} non-finite outputs from "
                                      "finite inputs (are its weights finite?)")
                 p[idx] = out
@@ -281,7 +281,7 @@ def main(argv=None):
     from sparkdeep.session import builder
     from sparkdeep.transformers.keras.network import keras_to_bytes
     from sparkdeep.transformers.keras.staging import float_arrays
-    from sparkdeep.transformers.keras_estimator import KerasHorovodModel
+    from sparkdeep.transformers.keras_estimator import DistributedKerasModel
     from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
     spark = builder(SparkConfig(master="local[2]", settings={
@@ -300,7 +300,7 @@ def main(argv=None):
 
     keras.utils.set_random_seed(0)
     net = mlp_binary_classifier(args.features, hidden_units=(256, 128))  # untrained, as the default network
-    model = KerasHorovodModel(kerasBytes=keras_to_bytes(net))
+    model = DistributedKerasModel(kerasBytes=keras_to_bytes(net))
     gbt = GBTClassifier(maxIter=20, maxDepth=5, seed=1).fit(df)
     with tempfile.TemporaryDirectory() as tmp:
         PipelineModel(stages=[*prep.stages, model]).write().overwrite().save(f"{tmp}/keras")

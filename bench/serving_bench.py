@@ -59,7 +59,7 @@ def build_export(out_dir: str, numeric: int, categorical: int, rows: int) -> tup
     from sparkdeep.pipelines.train import scoring_pipeline
     from sparkdeep.session import builder
     from sparkdeep.transformers.keras import network
-    from sparkdeep.transformers.keras.model import KerasHorovodModel
+    from sparkdeep.transformers.keras.model import DistributedKerasModel
     from sparkdeep.transformers.keras_models import tabular_binary_classifier
 
     spark = builder(SparkConfig(master="local[2]", settings={
@@ -81,7 +81,7 @@ def build_export(out_dir: str, numeric: int, categorical: int, rows: int) -> tup
         keras.utils.set_random_seed(3)
         net = tabular_binary_classifier(width, numeric_dim=layout["numeric_dim"], cardinalities=layout["cardinalities"],
                                         hidden_units=(256, 128))
-        stage = KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
+        stage = DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
         stage._set(task="binary")
         info = export.export_pipeline(scoring_pipeline(front, stage), out_dir, raw_schema=raw.schema)
         sample = [r.asDict() for r in raw.limit(512).collect()]

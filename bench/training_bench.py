@@ -9,7 +9,7 @@ All ratios are measured side by side in this one run:
 - scaling: samples/s with 2 ranks / (2 x samples/s with 1 rank), one intra-op thread per
   rank so both runs get one core per rank; epochs after the first.
 - launch overhead: fit wall time minus in-loop training time, as a share of a 2-minute job.
-- scoring: rows/s of KerasHorovodModel.transform / rows/s of keras model.predict on the
+- scoring: rows/s of DistributedKerasModel.transform / rows/s of keras model.predict on the
   same numpy array.
 
     .venv/bin/python bench/training_bench.py [--rows 400000] [--features 32]
@@ -99,9 +99,9 @@ def feed_ratio(rows, features, batch, epochs=4, buffer_rows=65536):
             "rows": rows, "features": features, "batch": batch, "shuffle_buffer_rows": buffer_rows}
 
 
-def run_training_benches(df, args, results, KerasHorovodEstimator):
+def run_training_benches(df, args, results, DistributedKerasEstimator):
     def fit(num_proc, accumulation=1):
-        est = KerasHorovodEstimator(numProc=num_proc, epochs=args.epochs, batchSize=args.batch,
+        est = DistributedKerasEstimator(numProc=num_proc, epochs=args.epochs, batchSize=args.batch,
                                     accumulationSteps=accumulation,
                                     learningRate=0.001, scaleLearningRate=False, warmupEpochs=0.0,
                                     modelArgs={"hidden_units": [64, 32], "dropout": 0.0})
@@ -170,7 +170,7 @@ def main(argv=None):
     from sparkdeep.config import SparkConfig
     from sparkdeep.session import builder
     from sparkdeep.transformers.keras.network import keras_from_bytes
-    from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+    from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
     spark = builder(SparkConfig(master="local[2]", settings={
         "spark.driver.memory": "8g", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
@@ -183,12 +183,12 @@ def main(argv=None):
     df.count()
 
     if args.only == "all":
-        two = run_training_benches(df, args, results, KerasHorovodEstimator)
+        two = run_training_benches(df, args, results, DistributedKerasEstimator)
     else:
         from sparkdeep.transformers.keras.network import keras_to_bytes
-        from sparkdeep.transformers.keras_estimator import KerasHorovodModel
+        from sparkdeep.transformers.keras_estimator import DistributedKerasModel
         from sparkdeep.transformers.keras_models import mlp_binary_classifier
-        two = KerasHorovodModel(kerasBytes=keras_to_bytes(mlp_binary_classifier(args.features, (64, 32), 0.0)))
+        two = DistributedKerasModel(kerasBytes=keras_to_bytes(mlp_binary_classifier(args.features, (64, 32), 0.0)))
 
     # Scoring: the same rows as numpy through keras predict vs the Spark transform.
     net = keras_from_bytes(two.kerasBytes)

@@ -40,12 +40,12 @@ PREDICT_ROWS = 100_000
 
 
 def network_index(pipeline_model) -> int:
-    """The index of the pipeline's one ``KerasHorovodModel`` stage."""
-    from sparkdeep.transformers.keras.model import KerasHorovodModel
+    """The index of the pipeline's one ``DistributedKerasModel`` stage."""
+    from sparkdeep.transformers.keras.model import DistributedKerasModel
 
-    at = [i for i, s in enumerate(pipeline_model.stages) if isinstance(s, KerasHorovodModel)]
+    at = [i for i, s in enumerate(pipeline_model.stages) if isinstance(s, DistributedKerasModel)]
     if len(at) != 1:
-        raise ValueError(f"the pipeline holds {len(at)} KerasHorovodModel stages; compressing needs exactly one "
+        raise ValueError(f"the pipeline holds {len(at)} DistributedKerasModel stages; compressing needs exactly one "
                          "trained network")
     return at[0]
 

@@ -89,7 +89,7 @@ def _probabilities(scored: DataFrame, size: int, model_name: str) -> Column:
         arr = F.col(PROBABILITY).cast("array<double>")
     else:
         raise ValueError(f"column {PROBABILITY!r} has type {kind.simpleString()}; expected an ML Vector "
-                         "(as MLlib classifiers and KerasHorovodModel write it) or an array of numbers")
+                         "(as MLlib classifiers and DistributedKerasModel write it) or an array of numbers")
     message = F.concat(F.lit(f"model {model_name!r}: a {PROBABILITY} vector has length "),
                        F.size(arr).cast("string"), F.lit(f", expected {size} (one per class)"))
     return F.when(arr.isNull() | (F.size(arr) == size), arr).otherwise(F.raise_error(message))

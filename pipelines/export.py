@@ -48,7 +48,7 @@ splits are held in the graph's config, the PCA matrix in a ``Dense`` layer's wei
   ``QuantileBinner`` fits it): the number of inner splits <= x, so [a, b) with +inf in
   the last bucket; NaN gets the bucket after the last; -0.0 sorts below +0.0 as in Java's
   ``Arrays.binarySearch``.
-- ``KerasHorovodModel``: its network, fed float32 as Spark feeds it.
+- ``DistributedKerasModel``: its network, fed float32 as Spark feeds it.
 - ``IndexToString``: the most likely class's name.
 
 A stage with no equivalent here is refused by :class:`UnsupportedStageError` naming its
@@ -395,8 +395,10 @@ _STAGES: dict[str, Callable[[_Graph, Any], None]] = {
     "pyspark.ml.feature.PCAModel": _pca,
     "pyspark.ml.feature.Bucketizer": _bucketizer,
 }
-#: The trained network's stage (and its module before the ``keras`` package split, which older saved models name).
-_NETWORKS = ("sparkdeep.transformers.keras.model.KerasHorovodModel",
+#: The trained network's stage, and the names older saved models give it (before it was named
+#: for every strategy; before the ``keras`` package split).
+_NETWORKS = ("sparkdeep.transformers.keras.model.DistributedKerasModel",
+             "sparkdeep.transformers.keras.model.KerasHorovodModel",
              "sparkdeep.transformers.keras_estimator.KerasHorovodModel")
 _CLASS_NAMES = "pyspark.ml.feature.IndexToString"
 
@@ -414,7 +416,7 @@ def _check_stages(stages: list) -> int:
                                         "equivalent; the export knows "
                                         + ", ".join(sorted({k.rsplit('.', 1)[1] for k in _STAGES})))
     if len(at) != 1:
-        raise UnsupportedStageError(f"the pipeline holds {len(at)} KerasHorovodModel stages; the export needs "
+        raise UnsupportedStageError(f"the pipeline holds {len(at)} DistributedKerasModel stages; the export needs "
                                     "exactly one trained network")
     return at[0]
 
@@ -510,7 +512,7 @@ def export_pipeline(pipeline_model, out_dir: str, *, raw_schema, source: str | N
     ----------
     pipeline_model : pyspark.ml.PipelineModel
         A fitted scoring pipeline (the train step's ``pipeline`` model): feature stages,
-        one ``KerasHorovodModel``, optionally ``IndexToString``.
+        one ``DistributedKerasModel``, optionally ``IndexToString``.
     out_dir : str
         A local folder; it gets ``model.keras``, ``saved_model/`` and ``schema.json``
         (replacing what a previous export left there).

@@ -228,7 +228,7 @@ class Scorer:
     def __init__(self, model: ex.ExportedModel, traced: bool = True):
         self.model, self.task, self.classes = model, model.task, model.classes
         # Two softmax units: Spark's prediction is their first argmax (P(1) > 0.5), one
-        # sigmoid unit P(1) >= 0.5 (KerasHorovodModel).
+        # sigmoid unit P(1) >= 0.5 (DistributedKerasModel).
         self.two_units = int(model.schema.get("network", {}).get("outputs", 1)) == 2
         self._call = self._forward
         if traced:

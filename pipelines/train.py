@@ -22,7 +22,7 @@ from sparkdeep import lineage, model_store
 from sparkdeep.registry import Columns, Models, Tables, strategy_takes
 from sparkdeep.runs import AdhocStep, StepRun
 from sparkdeep.tasks import DEFAULT_LOSS, DEFAULT_METRICS
-from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
 from sparkdeep.transformers.keras_models import TABULAR_BUILDERS
 
 from . import baselines as bl
@@ -54,7 +54,7 @@ def auto_batch_size(rows: int, num_proc: int, validation_fraction: float) -> int
 
 def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | None = None, run_id: str = "",
                     checkpoint_dir: str = "", trace_dir: str = "",
-                    layout: dict | None = None, rows: int | None = None, row_id: str = "") -> KerasHorovodEstimator:
+                    layout: dict | None = None, rows: int | None = None, row_id: str = "") -> DistributedKerasEstimator:
     """The estimator the train step uses, from the ``train`` section of the config.
 
     ``layout`` (``prepare.embedding_layout`` of an embedding-encoded prepare model, with
@@ -80,7 +80,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         if not classes:
             raise ValueError("a multiclass fit needs the class list (the label column's metadata)")
         args["num_classes"] = len(classes)
-    return KerasHorovodEstimator(
+    return DistributedKerasEstimator(
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
         loss=t.loss or DEFAULT_LOSS[task], modelArgs=args, modelBuilder=builder,
         numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate,
@@ -105,7 +105,7 @@ def scoring_pipeline(prepare_model: PipelineModel, final_stage, classes: list[st
 
 
 def check_finite(model) -> None:
-    """The train half of the quality gate for a fitted ``KerasHorovodModel``: every weight
+    """The train half of the quality gate for a fitted ``DistributedKerasModel``: every weight
     of its network and every metric of its final epoch finite, else ``QualityGateError``."""
     import numpy as np
     weights = {w.path: np.asarray(w.numpy()) for w in model.keras_model().weights}
@@ -156,7 +156,7 @@ def fit_models(spark, cfg, paths, run: StepRun | None = None,
     layout = network_layout(prepare_model, train)
     key = cfg.dataset.key_column
 
-    def estimator_for(train_cfg, checkpoint_run: str) -> KerasHorovodEstimator:
+    def estimator_for(train_cfg, checkpoint_run: str) -> DistributedKerasEstimator:
         return keras_estimator(train_cfg, task=task, classes=classes, seed=cfg.seed, run_id=checkpoint_run,
                                checkpoint_dir=paths.checkpoints, layout=layout, rows=fingerprint["rows"],
                                row_id=key if key in train.columns else "",

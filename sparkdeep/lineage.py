@@ -33,7 +33,7 @@ def training_inputs(spark, model_path: str) -> dict:
     # By attribute, not isinstance: core does not import sparkdeep.transformers.
     stages = [s for s in getattr(model, "stages", [model]) if hasattr(s, "trainingSummary")]
     if not stages:
-        raise ValueError(f"{model_path} holds no KerasHorovodModel stage")
+        raise ValueError(f"{model_path} holds no DistributedKerasModel stage")
     summary = stages[-1].trainingSummary
     inputs = summary.get("training_inputs")
     if not inputs:

@@ -81,7 +81,8 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
     "sparkdeep.transformers.columns", "ColumnRenamer WideAssembler") | _names(
     "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
-    "sparkdeep.transformers.keras.model", "KerasHorovodModel") | _names(
+    # the network's stage, and its name before it was named for every strategy (saved models name it)
+    "sparkdeep.transformers.keras.model", "DistributedKerasModel KerasHorovodModel") | _names(
     # the path before the ``keras`` package split, which saved models name
     "sparkdeep.transformers.keras_estimator", "KerasHorovodModel") | _names(
     # the XGBoost baseline; its metadata is checked further (_XGBOOST_CODE)

@@ -245,7 +245,7 @@ def test_the_compress_section_is_off_by_default_and_checked(conf):
 def test_config_and_the_estimator_refuse_the_same_settings_for_each_strategy(conf):
     """One rule (each strategy's declaration in sparkdeep.registry), asked by both."""
     from sparkdeep.registry import STRATEGY_RULES, STRATEGY_SETTINGS
-    from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
+    from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
     used = {"compression": "fp16", "accumulation_steps": 2, "measure_wait": True}
     in_config = set(vars(load_config(conf).train))
     for strategy in STRATEGY_RULES:
@@ -258,7 +258,7 @@ def test_config_and_the_estimator_refuse_the_same_settings_for_each_strategy(con
                     config_refuses = False
                 except ConfigError as exc:
                     config_refuses = f"'train.{key}'" in str(exc)
-            est = KerasHorovodEstimator(strategy=strategy, **{STRATEGY_SETTINGS[key].param: value})
+            est = DistributedKerasEstimator(strategy=strategy, **{STRATEGY_SETTINGS[key].param: value})
             try:
                 est._check_strategy_params()
                 estimator_refuses = False

@@ -34,7 +34,7 @@ from sparkdeep.pipelines import prepare as prep
 from sparkdeep.pipelines.train import scoring_pipeline
 from sparkdeep.registry import Models, Tables
 from sparkdeep.transformers.keras import network
-from sparkdeep.transformers.keras.model import KerasHorovodModel
+from sparkdeep.transformers.keras.model import DistributedKerasModel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["low", "mid", "high"]
@@ -90,7 +90,7 @@ def random_network(task: str, layout: dict | None, width: int):
                "regression": lambda: km.tabular_regressor(width, target_mean=10.0, target_scale=3.0, **args)}[task]()
     rng = np.random.default_rng(4)
     net.set_weights([rng.normal(scale=0.5, size=w.shape).astype(w.dtype) for w in net.get_weights()])
-    model = KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
+    model = DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
     model._set(task=task)
     return model
 
@@ -258,14 +258,14 @@ def test_a_new_process_loads_the_keras_file_in_safe_mode_and_the_saved_model_alo
 
 # -- single stages against Spark, exactly ----------------------------------------------------------
 
-def identity_network(width: int = 1) -> KerasHorovodModel:
+def identity_network(width: int = 1) -> DistributedKerasModel:
     """A one-unit linear network whose prediction is its first input: the stage's value itself."""
     import keras
     inputs = keras.Input((width,), name="features")
     layer = keras.layers.Dense(1, name="probabilities")
     out = layer(inputs)
     layer.set_weights([np.eye(width, 1, dtype="float32"), np.zeros(1, dtype="float32")])
-    model = KerasHorovodModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, out)))
+    model = DistributedKerasModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, out)))
     model._set(task="regression")
     return model
 

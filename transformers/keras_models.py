@@ -1,4 +1,4 @@
-"""Importable Keras model builders for :class:`KerasHorovodEstimator`.
+"""Importable Keras model builders for :class:`DistributedKerasEstimator`.
 
 A builder is a plain function ``f(input_dim, **args) -> keras.Model``; the estimator
 names it as ``"module:function"`` so the choice is a JSON param that survives

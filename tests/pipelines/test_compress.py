@@ -21,7 +21,7 @@ from sparkdeep.jobs import compress as compress_job
 from sparkdeep.paths import Paths, read_json, tree_digest, write_json
 from sparkdeep.pipelines import compress
 from sparkdeep.registry import Models, Tables
-from sparkdeep.transformers.keras.model import KerasHorovodModel
+from sparkdeep.transformers.keras.model import DistributedKerasModel
 from sparkdeep.transformers.keras.network import keras_from_bytes, keras_to_bytes
 
 WIDTH = 8
@@ -50,7 +50,7 @@ def promoted(spark, repo_root, tmp_path_factory):
     net.compile(optimizer="adam", loss="binary_crossentropy")
     x, y = _rows(1000, 1)
     net.fit(x.astype("float32"), y.astype("float32"), epochs=5, batch_size=64, verbose=0)
-    stage = KerasHorovodModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))))
+    stage = DistributedKerasModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))))
     stage._set(task="binary")
     folder = paths.model(Models.PIPELINE, "r1")
     PipelineModel([VectorAssembler(inputCols=COLS, outputCol="features"), stage]).write().save(folder)

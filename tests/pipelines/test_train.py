@@ -5,7 +5,7 @@ import pytest
 from sparkdeep.pipelines.evaluate import QualityGateError
 from sparkdeep.pipelines.train import check_finite
 from sparkdeep.transformers.keras import network
-from sparkdeep.transformers.keras_estimator import KerasHorovodModel
+from sparkdeep.transformers.keras_estimator import DistributedKerasModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
 
@@ -13,12 +13,12 @@ def test_a_network_with_nan_weights_fails_the_gate():
     # Issue 11.5: training with an infinite learning rate gave NaN weights, saved and served.
     net = mlp_binary_classifier(4, hidden_units=[3], dropout=0.0)
     history = [{"epoch": 1, "loss": 0.69, "auc": 0.5}]
-    check_finite(KerasHorovodModel(kerasBytes=network.keras_to_bytes(net),
+    check_finite(DistributedKerasModel(kerasBytes=network.keras_to_bytes(net),
                                    trainingSummary={"history": history}))
     weights = net.get_weights()
     weights[0] = np.full_like(weights[0], np.nan)
     net.set_weights(weights)
-    nan_model = KerasHorovodModel(kerasBytes=network.keras_to_bytes(net), trainingSummary={"history": history})
+    nan_model = DistributedKerasModel(kerasBytes=network.keras_to_bytes(net), trainingSummary={"history": history})
     with pytest.raises(QualityGateError, match=r"weights not finite: .*kernel \(12 of 12 values\)"):
         check_finite(nan_model)
 

@@ -324,9 +324,9 @@ def test_train_validation_split_and_cross_validator_pick_the_best_keras_model(ca
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
 
-    from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
-    from sparkdeep.transformers.keras.model import KerasHorovodModel
-    est = KerasHorovodEstimator(featuresCol="features", labelCol="label", numProc=1, epochs=1, batchSize=32,
+    from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
+    from sparkdeep.transformers.keras.model import DistributedKerasModel
+    est = DistributedKerasEstimator(featuresCol="features", labelCol="label", numProc=1, epochs=1, batchSize=32,
                                 modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3)
     grid = ParamGridBuilder().addGrid(est.learningRate, [0.000001, 0.05]).build()
     evaluator = BinaryClassificationEvaluator(rawPredictionCol="probability")
@@ -337,7 +337,7 @@ def test_train_validation_split_and_cross_validator_pick_the_best_keras_model(ca
         metrics = fitted.validationMetrics if hasattr(fitted, "validationMetrics") else fitted.avgMetrics
         assert len(metrics) == 2 and metrics[1] > metrics[0], type(tuner).__name__
         best = fitted.bestModel
-        assert isinstance(best, KerasHorovodModel) and len(best.trainingSummary["history"]) == 1
+        assert isinstance(best, DistributedKerasModel) and len(best.trainingSummary["history"]) == 1
         # The best model was refitted on every row with the better rate.
         assert best.trainingSummary["history"][0]["learning_rate"] == pytest.approx(0.05)
         assert evaluator.evaluate(best.transform(cancer)) > 0.95

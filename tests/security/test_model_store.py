@@ -1,7 +1,7 @@
 """A crafted model folder must not run code, or read files outside itself, on load.
 
 Each test copies one small saved pipeline (a nested MLlib PipelineModel of StringIndexer
-+ VectorAssembler, then a tiny untrained KerasHorovodModel), tampers with the copy as an
++ VectorAssembler, then a tiny untrained DistributedKerasModel), tampers with the copy as an
 attacker with write access to the folder would, and expects ``model_store`` to refuse it
 with a message naming the folder or file, before importing or writing anything.
 """
@@ -25,7 +25,7 @@ from pyspark.testing import assertDataFrameEqual
 from sparkdeep import model_store, storage
 from sparkdeep.model_store import UnsafeModelError
 from sparkdeep.transformers.keras import network
-from sparkdeep.transformers.keras_estimator import KERAS_FILE, KerasHorovodModel
+from sparkdeep.transformers.keras_estimator import KERAS_FILE, DistributedKerasModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
 SCORED = ["id", "probability", "prediction"]
@@ -39,13 +39,13 @@ def data(spark):
 
 @pytest.fixture(scope="module")
 def model(data):
-    """PipelineModel([PipelineModel([StringIndexerModel, VectorAssembler]), KerasHorovodModel])."""
+    """PipelineModel([PipelineModel([StringIndexerModel, VectorAssembler]), DistributedKerasModel])."""
     import keras
     keras.utils.set_random_seed(0)
     inner = PipelineModel([StringIndexer(inputCol="cat", outputCol="cat_idx").fit(data),
                            VectorAssembler(inputCols=["cat_idx", "x1", "x2"], outputCol="features")])
     net = mlp_binary_classifier(3, hidden_units=(4,), dropout=0.0)
-    return PipelineModel([inner, KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))])
+    return PipelineModel([inner, DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))])
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +110,11 @@ def test_clean_pipeline_loads_and_scores_like_the_in_memory_one(spark, saved, mo
     assert [c for _, c in checked] == [
         "pyspark.ml.pipeline.PipelineModel", "org.apache.spark.ml.PipelineModel",
         "org.apache.spark.ml.feature.StringIndexerModel", "org.apache.spark.ml.feature.VectorAssembler",
-        "sparkdeep.transformers.keras.model.KerasHorovodModel"]
+        "sparkdeep.transformers.keras.model.DistributedKerasModel"]
     loaded = model_store.load_pipeline(spark, saved)
     assertDataFrameEqual(loaded.transform(data).select(*SCORED), model.transform(data).select(*SCORED))
     keras_stage = model_store.load(spark, stage(saved, 1))
-    assert isinstance(keras_stage, KerasHorovodModel)
+    assert isinstance(keras_stage, DistributedKerasModel)
     assert keras_stage.kerasBytes == model.stages[1].kerasBytes
 
 
@@ -154,10 +154,11 @@ def test_every_saveable_project_stage_is_on_the_allow_list():
             for n, c in inspect.getmembers(m, inspect.isclass)
             if c.__module__ == m.__name__ and not n.startswith("_")
             and issubclass(c, (Estimator, Model)) and issubclass(c, MLWritable)}
-    assert "sparkdeep.transformers.keras.model.KerasHorovodModel" in ours
+    assert "sparkdeep.transformers.keras.model.DistributedKerasModel" in ours
     assert ours - model_store.ALLOWED_CLASSES == set()
     # Models saved before issue 24's package split name the old module, which still loads.
     assert "sparkdeep.transformers.keras_estimator.KerasHorovodModel" in model_store.ALLOWED_CLASSES
+    assert "sparkdeep.transformers.keras.model.KerasHorovodModel" in model_store.ALLOWED_CLASSES
 
 
 def test_every_allowed_name_is_a_loadable_class():
@@ -202,7 +203,7 @@ def test_a_class_off_the_allow_list_is_refused_before_import(spark, folder, sent
                                  "pyspark.ml.feature.SQLTransformer", "org.apache.spark.ml.feature.SQLTransformer"])
 def test_installed_modules_are_refused(spark, folder, cls):
     edit_metadata(stage(folder, 1), set_class(cls))
-    with pytest.raises(UnsafeModelError, match=rf"stages/1_KerasHorovodModel_\w+: class '{re.escape(cls)}'"):
+    with pytest.raises(UnsafeModelError, match=rf"stages/1_DistributedKerasModel_\w+: class '{re.escape(cls)}'"):
         model_store.load_pipeline(spark, folder)
 
 
@@ -230,14 +231,14 @@ def test_malformed_metadata_is_named(spark, folder):
     with open(part, "w") as fh:
         fh.write('{"class": "sparkdeep.transformers.keras_estimator.KerasHorovodModel", ')
     drop_crc(stage(folder, 1))
-    with pytest.raises(UnsafeModelError, match=r"stages/1_KerasHorovodModel_\w+/metadata: metadata is not valid JSON"):
+    with pytest.raises(UnsafeModelError, match=r"stages/1_DistributedKerasModel_\w+/metadata: metadata is not valid JSON"):
         model_store.load_pipeline(spark, folder)
     with open(part, "w") as fh:
         fh.write('{"class": "a", "uid": "b"}\n{"class": "c", "uid": "d"}\n')
     with pytest.raises(UnsafeModelError, match=r"/metadata: holds 2 non-empty lines"):
         model_store.load_pipeline(spark, folder)
     shutil.rmtree(os.path.join(stage(folder, 1), "metadata"))
-    with pytest.raises(UnsafeModelError, match=r"stages/1_KerasHorovodModel_\w+/metadata: no metadata to read"):
+    with pytest.raises(UnsafeModelError, match=r"stages/1_DistributedKerasModel_\w+/metadata: no metadata to read"):
         model_store.load_pipeline(spark, folder)
 
 
@@ -323,7 +324,7 @@ def test_a_lambda_layer_is_refused_by_keras_safe_mode(spark, model, tmp_path):
     import keras
     inputs = keras.Input((3,))
     outputs = keras.layers.Lambda(lambda t: t[:, :1])(inputs)  # arbitrary Python in the archive
-    unsafe = KerasHorovodModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
+    unsafe = DistributedKerasModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
     path = str(tmp_path / "unsafe")
     PipelineModel([model.stages[0], unsafe]).write().save(path)
     keras_file = os.path.join(stage(path, 1), KERAS_FILE)

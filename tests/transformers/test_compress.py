@@ -21,7 +21,7 @@ from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.functions import vector_to_array
 
 from sparkdeep.transformers.keras import compress
-from sparkdeep.transformers.keras.model import KerasHorovodModel
+from sparkdeep.transformers.keras.model import DistributedKerasModel
 from sparkdeep.transformers.keras.network import keras_from_bytes, keras_to_bytes
 
 WIDTH = 12
@@ -74,7 +74,7 @@ def teacher():
     x, y = _rows(2400, 1)
     net.fit(x.astype("float32"), y.astype("float32"), epochs=8, batch_size=128, verbose=0)
     # Saved as the ranks save it: the network alone (a compiled model's file also holds Adam's state).
-    model = KerasHorovodModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))),
+    model = DistributedKerasModel(kerasBytes=keras_to_bytes(keras_from_bytes(keras_to_bytes(net))),
                               trainingSummary={"task": "binary"})
     model._set(task="binary")
     return model
@@ -119,7 +119,7 @@ def _kernel_file_size(pipeline_path: str) -> int:
     """The saved network's ``model.keras`` in a saved pipeline."""
     import glob
     import os
-    [found] = glob.glob(os.path.join(pipeline_path, "stages", "*_KerasHorovodModel_*", "model", "model.keras"))
+    [found] = glob.glob(os.path.join(pipeline_path, "stages", "*_DistributedKerasModel_*", "model", "model.keras"))
     return os.path.getsize(found)
 
 
@@ -162,7 +162,7 @@ def test_bad_mode_is_named(teacher):
 
 def test_multiclass_distillation_refused(spark):
     from sparkdeep.transformers.keras_models import mlp_classifier
-    model = KerasHorovodModel(kerasBytes=keras_to_bytes(mlp_classifier(4, 3, hidden_units=(8,))))
+    model = DistributedKerasModel(kerasBytes=keras_to_bytes(mlp_classifier(4, 3, hidden_units=(8,))))
     with pytest.raises(ValueError, match="multiclass"):
         compress.distill(model, spark.range(1), alpha=0.5)
 
@@ -265,7 +265,7 @@ def test_masked_dense_round_trips_its_mask(teacher):
 def test_soft_labels_are_for_a_binary_network_only(spark):
     from pyspark.ml.linalg import Vectors
 
-    from sparkdeep.transformers.keras.estimator import KerasHorovodEstimator
+    from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
     df = spark.createDataFrame([(Vectors.dense([0.0, 1.0]), 0.3)], ["features", "label"])
     with pytest.raises(ValueError, match="softLabels=True applies to a binary network"):
-        KerasHorovodEstimator(loss="mse", softLabels=True, numProc=1)._validate(df)
+        DistributedKerasEstimator(loss="mse", softLabels=True, numProc=1)._validate(df)

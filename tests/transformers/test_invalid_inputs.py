@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 
 from sparkdeep import tasks
 from sparkdeep.transformers.keras import network
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator, KerasHorovodModel
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator, DistributedKerasModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier, mlp_classifier, mlp_regressor
 from sparkdeep.transformers.pca import CenteredPCA
 from sparkdeep.transformers.sampling import ClassBalanceSampler, StratifiedSampler, UniformSampler
@@ -110,25 +110,25 @@ def test_metric_names_resolve_by_task():
 def test_estimator_refuses_on_the_driver(cancer, spark):
     multi = cancer.withColumn("label", (F.col("label") + F.lit(1.0)))  # classes 1, 2
     with pytest.raises(ValueError, match="metric 'auc' does not fit a multiclass"):
-        KerasHorovodEstimator(loss="sparse_categorical_crossentropy", metrics=["auc"]).fit(cancer)
+        DistributedKerasEstimator(loss="sparse_categorical_crossentropy", metrics=["auc"]).fit(cancer)
     with pytest.raises(ValueError, match=r"labelCol 'label' must hold 0 or 1.*from 1 to 2"):
-        KerasHorovodEstimator().fit(multi)
+        DistributedKerasEstimator().fit(multi)
     three = spark.createDataFrame([(Vectors.dense([float(i)]), float(1 + i % 3)) for i in range(30)],
                                   ["features", "label"])
     with pytest.raises(ValueError, match=r"class indices 0..2 .* from 1 to 3"):
-        KerasHorovodEstimator(model=mlp_classifier(1, 3), loss="sparse_categorical_crossentropy").fit(three)
+        DistributedKerasEstimator(model=mlp_classifier(1, 3), loss="sparse_categorical_crossentropy").fit(three)
     with pytest.raises(ValueError, match="holds only the class 1"):
-        KerasHorovodEstimator().fit(cancer.withColumn("label", F.lit(1.0)))
+        DistributedKerasEstimator().fit(cancer.withColumn("label", F.lit(1.0)))
     # Regression with a bounded output is refused; the default builder follows the loss.
     with pytest.raises(ValueError, match="regression network.*activation 'sigmoid'"):
-        KerasHorovodEstimator(loss="mse", modelBuilder="sparkdeep.transformers.keras_models:"
+        DistributedKerasEstimator(loss="mse", modelBuilder="sparkdeep.transformers.keras_models:"
                                                     "mlp_binary_classifier").fit(cancer)
     with pytest.raises(ValueError, match="binary network.*1 output unit"):
-        KerasHorovodEstimator(model=mlp_regressor(30)).fit(cancer)
+        DistributedKerasEstimator(model=mlp_regressor(30)).fit(cancer)
     with pytest.raises(ValueError, match="learningRate must be a finite number"):
-        KerasHorovodEstimator(learningRate=float("inf")).fit(cancer)
+        DistributedKerasEstimator(learningRate=float("inf")).fit(cancer)
     with pytest.raises(ValueError, match="stallTimeout must be a finite number of seconds > 0"):
-        KerasHorovodEstimator(stallTimeout=0.0).fit(cancer)
+        DistributedKerasEstimator(stallTimeout=0.0).fit(cancer)
 
 
 def test_estimator_refuses_nan_rows_mixed_lengths_and_empty_input(cancer, spark):
@@ -138,12 +138,12 @@ def test_estimator_refuses_nan_rows_mixed_lengths_and_empty_input(cancer, spark)
     bad = cancer.limit(500).union(
         cancer.limit(12).withColumn("features", array_to_vector(F.array_repeat(F.lit(float("nan")), 30))))
     with pytest.raises(ValueError, match="12 rows with NaN or infinite values in featuresCol 'features'"):
-        KerasHorovodEstimator().fit(bad)
+        DistributedKerasEstimator().fit(bad)
     mixed = vec_frame(spark, [([1.0, 2.0, 3.0, 4.0], 0.0), ([1.0, 2.0], 1.0), ([1.0] * 6, 0.0), ([1.0, 2.0], 1.0)])
     with pytest.raises(ValueError, match="featuresCol 'features' holds vectors of different lengths"):
-        KerasHorovodEstimator().fit(mixed)
+        DistributedKerasEstimator().fit(mixed)
     with pytest.raises(ValueError, match="the training input has no rows"):
-        KerasHorovodEstimator().fit(cancer.limit(0))
+        DistributedKerasEstimator().fit(cancer.limit(0))
     assert nan_rows.count() == 569
 
 
@@ -155,7 +155,7 @@ def test_estimator_counts_real_task_slots_not_configured_parallelism(spark):
 # -- 4. a NaN score never becomes a class ----------------------------------------------------
 
 def _model(net):
-    return KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
+    return DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
 
 
 def test_transform_refuses_or_nulls_non_finite_rows(spark):
@@ -340,7 +340,7 @@ def test_skip_counts_rows_and_a_diverging_fit_stops_naming_the_epoch(cancer):
     bad = cancer.limit(500).union(
         cancer.limit(12).withColumn("features", array_to_vector(F.array_repeat(F.lit(float("nan")), 30))))
     est = dict(numProc=2, epochs=2, batchSize=32, modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3)
-    model = KerasHorovodEstimator(handleInvalid="skip", **est).fit(bad)
+    model = DistributedKerasEstimator(handleInvalid="skip", **est).fit(bad)
     assert model.trainingSummary["skipped_rows"] == 12
     assert sum(r["rows"] for r in model.trainingSummary["ranks"]) == 500
     scored = model.setHandleInvalid("keep").transform(bad)
@@ -349,7 +349,7 @@ def test_skip_counts_rows_and_a_diverging_fit_stops_naming_the_epoch(cancer):
     # with an error naming the epoch, instead of returning a NaN model.
     from sparkdeep.distributed import RankFailedError
     with pytest.raises(RankFailedError, match=r"training diverged: loss=(nan|inf).* at epoch \d"):
-        KerasHorovodEstimator(learningRate=1e30, scaleLearningRate=False, warmupEpochs=0.0,
+        DistributedKerasEstimator(learningRate=1e30, scaleLearningRate=False, warmupEpochs=0.0,
                               **{**est, "epochs": 3}).fit(cancer)
 
 
@@ -365,7 +365,7 @@ def test_regression_trains_and_predicts_in_the_targets_units(spark):
         UnivariateSelector(labelCol="target", selectionThreshold=2).fit(df)
     picked = UnivariateSelector(labelCol="target", labelType="continuous", selectionThreshold=2).fit(df)
     assert picked.selected == [0, 1]
-    model = KerasHorovodEstimator(labelCol="target", loss="mse", metrics=["rmse"], numProc=2, epochs=30,
+    model = DistributedKerasEstimator(labelCol="target", loss="mse", metrics=["rmse"], numProc=2, epochs=30,
                                   batchSize=32, learningRate=0.02, validationFraction=0.2,
                                   modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=1).fit(df)
     assert model.getOrDefault("task") == "regression"

@@ -9,7 +9,7 @@ from pyspark.ml.functions import vector_to_array
 from pyspark.sql import functions as F
 
 from sparkdeep.transformers.keras import network
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator, KerasHorovodModel
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator, DistributedKerasModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
 
 
@@ -30,7 +30,7 @@ def untrained_model(input_dim=30):
     import keras
     keras.utils.set_random_seed(0)
     net = mlp_binary_classifier(input_dim, hidden_units=(8,), dropout=0.0)
-    return net, KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
+    return net, DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
 
 
 def test_transform_matches_keras_on_numpy(cancer):
@@ -63,26 +63,26 @@ def test_loading_refuses_a_model_that_would_run_code(cancer, tmp_path):
     import keras
     inputs = keras.Input((30,))
     outputs = keras.layers.Lambda(lambda t: t[:, :1])(inputs)  # arbitrary Python in the file
-    unsafe = KerasHorovodModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
+    unsafe = DistributedKerasModel(kerasBytes=network.keras_to_bytes(keras.Model(inputs, outputs)))
     path = str(tmp_path / "unsafe")
     unsafe.write().overwrite().save(path)
     with pytest.raises(ValueError, match="(?i)unsafe|safe_mode|lambda"):
-        KerasHorovodModel.load(path)
+        DistributedKerasModel.load(path)
 
 
 def test_estimator_validates_on_the_driver(cancer):
     with pytest.raises(ValueError, match="featuresCol 'nope'"):
-        KerasHorovodEstimator(featuresCol="nope").fit(cancer)
+        DistributedKerasEstimator(featuresCol="nope").fit(cancer)
     with pytest.raises(TypeError, match="featuresCol 'id' must be a vector"):
-        KerasHorovodEstimator(featuresCol="id").fit(cancer)
+        DistributedKerasEstimator(featuresCol="id").fit(cancer)
     with pytest.raises(ValueError, match="numProc=8 exceeds the 2 tasks Spark can run at once"):
-        KerasHorovodEstimator(numProc=8).fit(cancer)
+        DistributedKerasEstimator(numProc=8).fit(cancer)
     with pytest.raises(ValueError, match="modelBuilder 'no_such.module:f' cannot be imported"):
-        KerasHorovodEstimator(modelBuilder="no_such.module:f").fit(cancer)
+        DistributedKerasEstimator(modelBuilder="no_such.module:f").fit(cancer)
     with pytest.raises(ValueError, match="batchSize must be >= 1"):
-        KerasHorovodEstimator(batchSize=0).fit(cancer)
+        DistributedKerasEstimator(batchSize=0).fit(cancer)
     with pytest.raises(ValueError, match="scheduleEpochs must be 0 \\(= epochs\\) or >= epochs=3.*got 2"):
-        KerasHorovodEstimator(epochs=3, scheduleEpochs=2).fit(cancer)
+        DistributedKerasEstimator(epochs=3, scheduleEpochs=2).fit(cancer)
     _, model = untrained_model()
     with pytest.raises(ValueError, match="predictionCol 'label' already exists"):
         model.setPredictionCol("label").transform(cancer)
@@ -121,7 +121,7 @@ def _estimator(**kw):
     base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=3, batchSize=32,
                 learningRate=0.005, modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=2)
     base.update(kw)
-    return KerasHorovodEstimator(**base)
+    return DistributedKerasEstimator(**base)
 
 
 @pytest.mark.slow
@@ -300,7 +300,7 @@ def test_multiclass_softmax_model_scores_class_probabilities(spark):
         .select("id", "label", "features").cache()
     # No builder named: the loss picks the softmax MLP and the labels its 10 units; 'accuracy'
     # resolves to sparse categorical accuracy for k classes (issue 10: it was binary accuracy).
-    model = KerasHorovodEstimator(modelArgs={"hidden_units": [32], "dropout": 0.0},
+    model = DistributedKerasEstimator(modelArgs={"hidden_units": [32], "dropout": 0.0},
                                   loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                                   validationFraction=0.2, numProc=2, epochs=8, batchSize=32,
                                   learningRate=0.005).fit(df)
@@ -322,7 +322,7 @@ def test_learning_rate_ramps_then_stays_or_decays_by_cosine(cancer):
     assert cos[2] == pytest.approx(0.002 * (0.05 + 0.95 * 0.5))  # half way
     assert cos[3] == pytest.approx(0.0001) and cos[4] == pytest.approx(0.0001)  # floor: 5%
     with pytest.raises(ValueError, match="lrSchedule must be one of 'constant', 'cosine'"):
-        KerasHorovodEstimator(lrSchedule="linear").fit(cancer)
+        DistributedKerasEstimator(lrSchedule="linear").fit(cancer)
 
 
 def test_tabular_network_starts_the_unseen_bucket_at_zero_and_clips_bad_indices():
@@ -378,22 +378,28 @@ def test_early_stopping_alone_keeps_the_best_weights_and_restores_only_when_it_s
     assert untouched.weights is None and never.best_weights is None
 
 
-KERAS_FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "keras_model_2026_12")
+FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures")
 
 
-def test_a_model_saved_before_the_keras_package_split_loads_and_scores_the_same(spark):
-    """Issue 24: saved under ``sparkdeep.transformers.keras_estimator.KerasHorovodModel``
-    (tests/fixtures/keras_model_2026_12/make_fixture.py), before the estimator became the
-    ``transformers/keras`` package: it passes the model store's checks, loads, and gives
-    the same probability for every row, nulls included."""
+@pytest.mark.parametrize("fixture, saved_as", [
+    # before the estimator became the transformers/keras package
+    ("keras_model_2026_12", "sparkdeep.transformers.keras_estimator.KerasHorovodModel"),
+    # before the estimator and model were named for every strategy (DistributedKeras*)
+    ("keras_model_2026_12b", "sparkdeep.transformers.keras.model.KerasHorovodModel"),
+])
+def test_a_model_saved_under_an_earlier_name_loads_and_scores_the_same(spark, fixture, saved_as):
+    """Saved by the code of then (tests/fixtures/<fixture>/make_fixture.py): it passes the
+    model store's checks, loads as today's class, and gives the same probability for every
+    row, nulls included."""
     import json
 
     from sparkdeep import model_store
-    expected = json.load(open(os.path.join(KERAS_FIXTURE, "expected.json")))
-    classes = [c for _, c in model_store.check(spark, os.path.join(KERAS_FIXTURE, "model"))]
-    assert "sparkdeep.transformers.keras_estimator.KerasHorovodModel" in classes
-    model = model_store.load_pipeline(spark, os.path.join(KERAS_FIXTURE, "model"))
-    assert isinstance(model.stages[1], KerasHorovodModel)
+    folder = os.path.join(FIXTURES, fixture)
+    expected = json.load(open(os.path.join(folder, "expected.json")))
+    classes = [c for _, c in model_store.check(spark, os.path.join(folder, "model"))]
+    assert saved_as in classes
+    model = model_store.load_pipeline(spark, os.path.join(folder, "model"))
+    assert isinstance(model.stages[1], DistributedKerasModel)
     df = spark.createDataFrame([tuple(r) for r in expected["rows"]], "key string, x double, y double, c double")
     got = {r.key: [r.p, r.prediction] for r in model.transform(df).select(
         "key", F.when(F.col("probability").isNotNull(), vector_to_array("probability")[1]).alias("p"),

@@ -202,10 +202,10 @@ def test_safe_mode_still_refuses_a_class_nobody_registered(tmp_path):
 
 def test_a_saved_stage_with_the_layer_loads_through_the_model_store(spark, tmp_path):
     from sparkdeep import model_store
-    from sparkdeep.transformers.keras_estimator import KerasHorovodModel
+    from sparkdeep.transformers.keras_estimator import DistributedKerasModel
     net = tabular_binary_classifier(input_dim=NUMERIC + len(CARDS), numeric_dim=NUMERIC, cardinalities=CARDS,
                                     hidden_units=(4,))
-    stage = KerasHorovodModel(kerasBytes=network.keras_to_bytes(net))
+    stage = DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
     stage.save(str(tmp_path / "stage"))
     loaded = model_store.load(spark, str(tmp_path / "stage"))
     assert loaded.kerasBytes == stage.kerasBytes

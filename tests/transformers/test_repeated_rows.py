@@ -11,7 +11,7 @@ from pyspark.ml.functions import vector_to_array
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 from sparkdeep.transformers.sampling import UniformSampler, hash_uniform, with_row_draw
 
 DISTINCT, COPIES = 20, 10_000
@@ -83,7 +83,7 @@ def test_a_uniform_fraction_keeps_copies_of_a_row_apart(repeated):
 
 @pytest.mark.slow
 def test_training_and_validation_agree_and_reach_the_bayes_rate_on_repeated_rows(repeated):
-    model = KerasHorovodEstimator(
+    model = DistributedKerasEstimator(
         featuresCol="features", labelCol="label", numProc=2, epochs=2, batchSize=256, learningRate=0.01,
         warmupEpochs=0.0, seed=4, metrics=["auc", "accuracy"], validationFraction=0.2,
         modelArgs={"hidden_units": [32], "dropout": 0.0}).fit(repeated)

@@ -12,7 +12,7 @@ from pyspark.ml.linalg import Vectors
 
 from sparkdeep.registry import Choices
 from sparkdeep.transformers.keras import strategies
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 LEVELS = (10, 1_000, 100_000)
 
@@ -111,7 +111,7 @@ def many_levels(spark):
 
 def _fit(df, strategy: str):
     extra = {"localSteps": 2} if strategy == "local_sgd" else {}
-    return KerasHorovodEstimator(
+    return DistributedKerasEstimator(
         featuresCol="features", labelCol="label", numProc=2, epochs=1, batchSize=64, learningRate=0.01,
         warmupEpochs=0.0, seed=5, metrics=["auc"], strategy=strategy, model=_net(100_000, hidden=16),
         **extra).fit(df)  # one network, built once with a seed: every strategy starts from the same weights

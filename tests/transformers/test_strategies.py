@@ -20,7 +20,7 @@ from sparkdeep.distributed import RankFailedError
 from sparkdeep.registry import Choices
 from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
 from sparkdeep.transformers.keras import strategies
-from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
 
@@ -32,7 +32,7 @@ def _estimator(**kw):
     base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=4, batchSize=32,
                 learningRate=0.005, warmupEpochs=0.0, seed=3, metrics=["auc"])
     base.update(kw)
-    return KerasHorovodEstimator(**base)
+    return DistributedKerasEstimator(**base)
 
 
 def _auc(model, df):
@@ -181,12 +181,12 @@ def test_a_model_of_each_strategy_reloads_in_a_new_process_and_scores_identicall
         "from sparkdeep.session import builder\n"
         "from sparkdeep.config import SparkConfig\n"
         "from pyspark.ml.functions import vector_to_array\n"
-        "from sparkdeep.transformers.keras_estimator import KerasHorovodModel\n"
+        "from sparkdeep.transformers.keras_estimator import DistributedKerasModel\n"
         "spark = builder(SparkConfig(master='local[1]'), app_name='reload').getOrCreate()\n"
         "jobs, data = json.loads(sys.argv[1]), sys.argv[2]\n"
         "df = spark.read.parquet(data)\n"
         "for name, j in jobs.items():\n"
-        "    m = KerasHorovodModel.load(j['path'])\n"
+        "    m = DistributedKerasModel.load(j['path'])\n"
         "    rows = m.transform(df).select('id', vector_to_array('probability')[1]).collect()\n"
         "    json.dump({str(r[0]): r[1] for r in rows}, open(j['out'], 'w'))\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -268,7 +268,7 @@ def test_the_collective_strategy_trains_with_horovod_unimportable(tmp_path, repo
         "from sparkdeep.session import builder\n"
         "from sparkdeep.config import SparkConfig\n"
         "from pyspark.ml.linalg import Vectors\n"
-        "from sparkdeep.transformers.keras_estimator import KerasHorovodEstimator\n"
+        "from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator\n"
         "spark = builder(SparkConfig(master='local[2]', settings={'spark.task.maxFailures': '1'}),"
         " app_name='nohvd').getOrCreate()\n"
         "rows = [(float(i % 2), Vectors.dense([float(i % 2) + 0.1 * (i % 7), float(i % 3)])) for i in range(400)]\n"
@@ -281,7 +281,7 @@ def test_the_collective_strategy_trains_with_horovod_unimportable(tmp_path, repo
         "        return str(e)\n"
         "    return 'imported'\n"
         "print('BLOCKED', run_on_ranks(blocked, num_proc=2, backend='tensorflow'))\n"
-        "m = KerasHorovodEstimator(numProc=2, epochs=2, batchSize=32, strategy='collective').fit(df)\n"
+        "m = DistributedKerasEstimator(numProc=2, epochs=2, batchSize=32, strategy='collective').fit(df)\n"
         "s = m.trainingSummary\n"
         "print('RANKS', [r['horovod_imported'] for r in s['ranks']], 'DRIVER', 'horovod' in sys.modules"
         " and getattr(sys.modules['horovod'], '__file__', '') or '', len(s['history']))\n")

@@ -1,5 +1,5 @@
 """Smaller variants of a fitted network: each takes a fitted
-:class:`~.model.KerasHorovodModel` and gives another one, saved and loaded like any
+:class:`~.model.DistributedKerasModel` and gives another one, saved and loaded like any
 (``model/model.keras`` with its SHA-256, safe mode, no pickle), scoring in the same
 pipelines and exporting through ``pipelines/export.py``.
 
@@ -9,7 +9,7 @@ pipelines and exporting through ``pipelines/export.py``.
   so the scores come out as float32 as before). No training.
 - :func:`prune`: magnitude pruning. The smallest-|w| fraction ``sparsity`` of every
   ``Dense`` kernel is zeroed, then the network is fine-tuned on the ranks through the
-  ordinary :class:`~.estimator.KerasHorovodEstimator` as
+  ordinary :class:`~.estimator.DistributedKerasEstimator` as
   :class:`~sparkdeep.transformers._keras_layers.MaskedDense` layers (the mask a
   non-trainable weight: a pruned weight gets no gradient, so no update revives it), and
   turned back into plain ``Dense`` layers holding ``kernel * mask``.
@@ -36,7 +36,7 @@ import numpy as np
 
 from sparkdeep import tasks
 
-from .model import KerasHorovodModel
+from .model import DistributedKerasModel
 from .network import keras_from_bytes, keras_to_bytes
 
 
@@ -52,16 +52,16 @@ QUANTIZE_MODES = ("int8", "int4", "float8", "bfloat16")
 _BF16_LAYERS = ("Dense", "EinsumDense", "Embedding", "MaskedDense")
 
 
-def _digest(model: KerasHorovodModel) -> str:
+def _digest(model: DistributedKerasModel) -> str:
     return hashlib.sha256(model.kerasBytes).hexdigest()
 
 
-def _variant(original: KerasHorovodModel, net, compressed: dict) -> KerasHorovodModel:
+def _variant(original: DistributedKerasModel, net, compressed: dict) -> DistributedKerasModel:
     """A new stage holding ``net``: the original's params (columns, task), a summary
     naming what was done to which network."""
     summary = {"compressed": {**compressed, "from_digest": _digest(original)},
                "task": original.trainingSummary.get("task"), "input_dim": original.trainingSummary.get("input_dim")}
-    out = KerasHorovodModel(kerasBytes=keras_to_bytes(net), trainingSummary=summary)
+    out = DistributedKerasModel(kerasBytes=keras_to_bytes(net), trainingSummary=summary)
     original._copyValues(out)
     if not out.getOrDefault(out.task):
         out._set(task=original._task(keras_from_bytes(original.kerasBytes)))
@@ -127,7 +127,7 @@ def _to_bfloat16(net):
     return out
 
 
-def quantize(model: KerasHorovodModel, mode: str) -> KerasHorovodModel:
+def quantize(model: DistributedKerasModel, mode: str) -> DistributedKerasModel:
     """``model`` with its weights in ``mode``: ``int8``, ``int4``, ``float8`` (Keras 3's
     ``Model.quantize``: Dense and Embedding kernels; other layers as they were) or
     ``bfloat16`` (every weighted layer but the output layer).
@@ -222,23 +222,23 @@ def unmasked_network(net):
     return plain
 
 
-def _estimator(model: KerasHorovodModel, net, label_col: str, *, loss: str, train: dict[str, Any]):
-    from .estimator import KerasHorovodEstimator
+def _estimator(model: DistributedKerasModel, net, label_col: str, *, loss: str, train: dict[str, Any]):
+    from .estimator import DistributedKerasEstimator
 
-    est = KerasHorovodEstimator(featuresCol=model.getFeaturesCol(), labelCol=label_col, loss=loss,
+    est = DistributedKerasEstimator(featuresCol=model.getFeaturesCol(), labelCol=label_col, loss=loss,
                                 metrics=[], **train)
     if net is not None:
         est.setModel(net)
     return est
 
 
-def prune(model: KerasHorovodModel, dataset, *, sparsity: float, labelCol: str = "label",
-          epochs: int = 2, **train: Any) -> KerasHorovodModel:
+def prune(model: DistributedKerasModel, dataset, *, sparsity: float, labelCol: str = "label",
+          epochs: int = 2, **train: Any) -> DistributedKerasModel:
     """``model`` with the smallest-|w| ``sparsity`` of every ``Dense`` kernel zeroed, then
     fine-tuned ``epochs`` epochs on ``dataset`` (its ``featuresCol`` and ``labelCol``) on the
     ranks, the zeros kept.
 
-    ``train`` goes to :class:`~.estimator.KerasHorovodEstimator` (``numProc``,
+    ``train`` goes to :class:`~.estimator.DistributedKerasEstimator` (``numProc``,
     ``batchSize``, ``learningRate``, ``seed``, ...); the loss is the task's default. With
     ``epochs=0`` the network is pruned without fine-tuning (no ranks started).
     """
@@ -297,8 +297,8 @@ def student_network(net, units: list[int] | None = None):
     return _clone(net, clone)
 
 
-def distill(model: KerasHorovodModel, dataset, *, labelCol: str = "label", alpha: float = 0.5,
-            hiddenUnits: list[int] | None = None, epochs: int = 5, **train: Any) -> KerasHorovodModel:
+def distill(model: DistributedKerasModel, dataset, *, labelCol: str = "label", alpha: float = 0.5,
+            hiddenUnits: list[int] | None = None, epochs: int = 5, **train: Any) -> DistributedKerasModel:
     """A student (:func:`student_network`: the teacher's architecture, hidden widths
     ``hiddenUnits``, default half the teacher's) trained on the ranks on
     ``alpha * label + (1 - alpha) * teacher`` over ``dataset``'s rows.

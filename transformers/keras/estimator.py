@@ -1,16 +1,16 @@
 """Distributed Keras training as an MLlib Estimator.
 
-``KerasHorovodEstimator.fit(df)`` runs one Spark barrier stage of ``numProc`` tasks over
+``DistributedKerasEstimator.fit(df)`` runs one Spark barrier stage of ``numProc`` tasks over
 ``df`` repartitioned ``numProc`` ways; each task spills its own partition to its local
 disk and starts one rank that streams it through a bounded shuffle window every epoch
 (``sparkdeep.distributed``, :mod:`.feed`), agreeing with the others by the ``strategy``
-param (:mod:`.strategies`), and ``fit`` returns a :class:`~.model.KerasHorovodModel`
+param (:mod:`.strategies`), and ``fit`` returns a :class:`~.model.DistributedKerasModel`
 holding the trained network as ``.keras`` bytes.
 
 Example
 -------
->>> est = KerasHorovodEstimator(featuresCol="features", labelCol="label",
-...                             numProc=2, epochs=3)           # doctest: +SKIP
+>>> est = DistributedKerasEstimator(featuresCol="features", labelCol="label",
+...                                 numProc=2, epochs=3)       # doctest: +SKIP
 >>> model = est.fit(train_df)                                   # doctest: +SKIP
 >>> model.transform(test_df).select("probability", "prediction")  # doctest: +SKIP
 """
@@ -42,7 +42,7 @@ from . import rank_loop, strategies
 from .checkpoints import CheckpointStore, check_signature, read_checkpoint, checkpoint_signature
 from .contract import RankSpec, Staged
 from .feed import ShardSpill, chunk_rows_for
-from .model import KerasHorovodModel
+from .model import DistributedKerasModel
 from .profile import launch_breakdown, profile_summary
 from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
                       network_output)
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 _ROW_ID, _DRAW = "__row_id", "__validation_draw"
 
 
-class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
+class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                             ValidationParams, CheckpointParams, HasLabelCol, HasWeightCol, HasSeed):
     """Train a Keras 3 model on ``numProc`` Horovod ranks launched by Spark.
 
@@ -94,7 +94,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         self.setParams(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, **kwargs: Any) -> "KerasHorovodEstimator":
+    def setParams(self, **kwargs: Any) -> "DistributedKerasEstimator":
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         if "model" in kwargs:
             self.setModel(kwargs.pop("model"))
@@ -102,7 +102,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             kwargs["modelArgs"] = json.dumps(kwargs["modelArgs"], sort_keys=True)
         return self._set(**kwargs)
 
-    def setModel(self, model) -> "KerasHorovodEstimator":
+    def setModel(self, model) -> "DistributedKerasEstimator":
         """Train this ``keras.Model`` (its architecture and initial weights)."""
         self._model_bytes = keras_to_bytes(model)
         return self
@@ -225,7 +225,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         layers = [[type(layer).__name__, [list(w.shape) for w in layer.weights]] for layer in net.layers]
         return (data if data is not None else keras_to_bytes(net)), layers
 
-    def _fit(self, dataset: DataFrame) -> "KerasHorovodModel":
+    def _fit(self, dataset: DataFrame) -> "DistributedKerasModel":
         self._validate(dataset)
         t_launch = time.time()
         num_proc = self.getNumProc()
@@ -257,7 +257,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
         staged, skipped = apply_handle_invalid(staged, checked, self.getHandleInvalid(), fcol, lcol, wcol)
         usable = checked["rows"] - skipped
         if usable < num_proc:
-            raise ValueError(f"KerasHorovodEstimator: {usable} usable training row(s) for numProc={num_proc}: every "
+            raise ValueError(f"DistributedKerasEstimator: {usable} usable training row(s) for numProc={num_proc}: every "
                              "rank needs rows of its own; lower numProc")
         accum = self.getOrDefault(self.accumulationSteps)
         per_rank_batches = math.ceil(usable * (1.0 - frac) / num_proc / self.getBatchSize())
@@ -282,7 +282,7 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
             ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
                      f"completed {resume['completed_epochs']} epochs")
             log.info("[train] run %r already %s: loading its checkpoint", self.getOrDefault(self.runId), ended)
-            model = KerasHorovodModel(kerasBytes=resume["model_bytes"],
+            model = DistributedKerasModel(kerasBytes=resume["model_bytes"],
                                       trainingSummary={"history": resume["history"],
                                                        "stopped_early": bool((resume.get("stopping") or {})
                                                                              .get("stopped")),
@@ -363,7 +363,11 @@ class KerasHorovodEstimator(Estimator, ScoringParams, NetworkParams, RunParams,
                 {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
                 for r in results]),
         }
-        model = KerasHorovodModel(kerasBytes=chief.model_bytes, trainingSummary=summary)
+        model = DistributedKerasModel(kerasBytes=chief.model_bytes, trainingSummary=summary)
         self._copyValues(model)
         model._set(task=task)
         return model
+
+
+#: The estimator's name before it was named for every strategy (it trained with Horovod only).
+KerasHorovodEstimator = DistributedKerasEstimator

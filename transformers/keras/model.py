@@ -120,7 +120,7 @@ def _usable_rows(col: pa.Array, spec: _ScoreSpec) -> tuple[np.ndarray, np.ndarra
     finite = np.isfinite(x).all(axis=1)
     bad = n - int(finite.sum())
     if bad and spec.mode == "error":
-        raise ValueError(f"KerasHorovodModel: featuresCol {spec.fcol!r} has {bad} rows in a batch that are "
+        raise ValueError(f"DistributedKerasModel: featuresCol {spec.fcol!r} has {bad} rows in a batch that are "
                          "null or hold NaN/infinite values (as float32); fix or drop them, or set "
                          "handleInvalid='keep' to give them null outputs")
     valid = np.flatnonzero(np.asarray(col.is_valid())) if col.null_count else np.arange(n)
@@ -134,7 +134,7 @@ def _scores(x: np.ndarray, scorer: _Scorer, units: int) -> np.ndarray:
     out = np.asarray(scorer(x), dtype="float64").reshape(len(x), units)
     bad = ~np.isfinite(out).all(axis=1)
     if bad.any():
-        raise ValueError(f"KerasHorovodModel: the network produced {int(bad.sum())} non-finite outputs from "
+        raise ValueError(f"DistributedKerasModel: the network produced {int(bad.sum())} non-finite outputs from "
                          "finite inputs (are its weights finite?)")
     return out
 
@@ -185,7 +185,7 @@ def _score_batches(arrays: Iterator[pa.Array], spec: _ScoreSpec, shipped) -> Ite
         yield _output(out, missing, spec)
 
 
-class KerasHorovodModel(Model, ScoringParams, MLWritable, MLReadable):
+class DistributedKerasModel(Model, ScoringParams, MLWritable, MLReadable):
     """A trained Keras network that scores a DataFrame in Arrow batches.
 
     By ``task`` (set at fit; inferred from the output layer when empty):
@@ -210,7 +210,7 @@ class KerasHorovodModel(Model, ScoringParams, MLWritable, MLReadable):
     @property
     def kerasBytes(self) -> bytes:
         if self._keras_bytes is None:
-            raise ValueError("this KerasHorovodModel holds no network (was it loaded?)")
+            raise ValueError("this DistributedKerasModel holds no network (was it loaded?)")
         return self._keras_bytes
 
     def keras_model(self):
@@ -275,7 +275,7 @@ class KerasHorovodModel(Model, ScoringParams, MLWritable, MLReadable):
         return _KerasModelReader(cls)
 
 class _KerasModelWriter(MLWriter):
-    def __init__(self, instance: KerasHorovodModel):
+    def __init__(self, instance: DistributedKerasModel):
         super().__init__()
         self.instance = instance
 
@@ -290,7 +290,7 @@ class _KerasModelReader(MLReader):
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str) -> KerasHorovodModel:
+    def load(self, path: str) -> DistributedKerasModel:
         """Read ``model/model.keras`` after checking the metadata that points at it.
 
         Raises ``UnsafeModelError`` naming the file when the metadata points anywhere but
@@ -310,7 +310,7 @@ class _KerasModelReader(MLReader):
         # an edit trying to make us read a file outside the stage folder.
         if metadata.get("kerasFile") != KERAS_FILE:
             raise UnsafeModelError(f"{path}/metadata: kerasFile is {metadata.get('kerasFile')!r}; a saved "
-                                   f"KerasHorovodModel keeps its network only at {KERAS_FILE!r}")
+                                   f"DistributedKerasModel keeps its network only at {KERAS_FILE!r}")
         digest = metadata.get("kerasSha256")
         if not isinstance(digest, str):
             raise UnsafeModelError(f"{path}/metadata: no kerasSha256 for {keras_path}; refusing a network "
@@ -327,7 +327,12 @@ class _KerasModelReader(MLReader):
         except Exception as e:  # Keras reports a bad archive with many types (OSError, ValueError, ...)
             kind = "refused by Keras safe mode" if "safe_mode" in str(e) else "not a valid Keras archive"
             raise UnsafeModelError(f"{keras_path}: {kind} ({type(e).__name__}: {e})") from e
-        model = KerasHorovodModel(kerasBytes=data, trainingSummary=metadata.get("trainingSummary"))
+        model = DistributedKerasModel(kerasBytes=data, trainingSummary=metadata.get("trainingSummary"))
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
         return model
+
+
+#: The model's name before it was named for every strategy: models saved then name
+#: ``sparkdeep.transformers.keras.model.KerasHorovodModel``, which MLlib imports to load them.
+KerasHorovodModel = DistributedKerasModel

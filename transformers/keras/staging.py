@@ -66,7 +66,7 @@ def check_training_rows(staged: DataFrame, fcol: str, wcol: str | None) -> dict:
     row = {k: (v or 0) if k not in ("min", "max", "mean", "std") else v for k, v in row.items()}
     row.setdefault("bad_weight", 0)
     if row["rows"] == 0:
-        raise ValueError("KerasHorovodEstimator: the training input has no rows")
+        raise ValueError("DistributedKerasEstimator: the training input has no rows")
     if row["width_min"] != row["width_max"]:
         raise ValueError(f"featuresCol {fcol!r} holds vectors of different lengths (from {row['width_min']} "
                          f"to {row['width_max']}); every row must have the same length")
@@ -86,7 +86,7 @@ def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str,
     if not found:
         return staged, 0
     if mode == "error":
-        raise ValueError(f"KerasHorovodEstimator: the training input has {'; '.join(found)}. Fix or drop those "
+        raise ValueError(f"DistributedKerasEstimator: the training input has {'; '.join(found)}. Fix or drop those "
                          "rows, or set handleInvalid='skip' to drop and count them")
     inf = float("inf")
     ok = (F.col(Staged.FEATURES).isNotNull() & ~F.exists(Staged.FEATURES, lambda x: F.isnan(x) | (F.abs(x) == inf))
@@ -97,7 +97,7 @@ def apply_handle_invalid(staged: DataFrame, checked: dict, mode: str, fcol: str,
     kept = staged.where(ok)
     skipped = checked["rows"] - kept.count()
     if skipped == checked["rows"]:
-        raise ValueError(f"KerasHorovodEstimator: every one of the {skipped} training rows is unusable "
+        raise ValueError(f"DistributedKerasEstimator: every one of the {skipped} training rows is unusable "
                          f"({'; '.join(found)})")
     log.info("[train] handleInvalid='skip': %s of %s rows dropped (%s)", skipped, checked['rows'], '; '.join(found))
     return kept, skipped
