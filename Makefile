@@ -30,8 +30,10 @@ TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
+# Before every commit: what runs in seconds (a test over about 4 s is marked slow and left
+# to make test), in the same two workers.
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 pipeline: setup
 	$(PY) -m sparkdeep.jobs.pipeline --run-id $(RUN_ID) $(DATA_ARGS) $(ARGS)

@@ -171,6 +171,7 @@ def _close(got, want, what: str):
     np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=what)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("task", list(SETTINGS))
 def test_the_export_scores_raw_rows_as_the_spark_pipeline_does(exported, task):
     e = exported[task]
@@ -186,6 +187,7 @@ def test_the_export_scores_raw_rows_as_the_spark_pipeline_does(exported, task):
         _close(loaded.predict(e["probe"]), want["prediction"], task)  # a list of dicts too
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_schema_lists_every_raw_column_with_its_keras_input(exported):
     for task, e in exported.items():
         with open(os.path.join(e["dir"], "schema.json")) as fh:
@@ -206,12 +208,14 @@ def test_schema_lists_every_raw_column_with_its_keras_input(exported):
     assert null["binary"] == "" and null["multiclass"] not in ("", "red", "green", "blue")
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_rows_without_a_column_the_model_reads_are_refused_naming_it(exported):
     loaded = export.load_export(exported["regression"]["dir"])
     with pytest.raises(ValueError, match="no column 'price \\(USD\\)'"):
         loaded.predict([{"colour": "red", "x.a": 1.0, "x3": 0.0}])
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_an_unseen_and_a_null_category_share_the_keep_index_but_not_the_empty_label(exported):
     e = exported["multiclass"]
     want = e["spark"]["probabilities"]
@@ -318,6 +322,7 @@ def test_imputed_integers_and_a_zero_std_feature_score_as_in_spark(spark):
     assert want.tolist() == [0, 0, 0] and got.tolist() == want.tolist()  # std 0: MLlib's 0, not a division
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_a_stage_without_an_equivalent_is_refused_by_name_and_nothing_is_written(exported, tmp_path):
     stages = list(exported["binary"]["model"].stages)
     odd = PipelineModel([stages[0], SQLTransformer(statement="SELECT * FROM __THIS__"), *stages[1:]])
@@ -349,6 +354,7 @@ def promoted(spark, exported, tmp_path_factory) -> str:
     return paths.root
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_the_promoted_pipeline_exports_under_its_run_id_and_the_source_names(spark, exported, promoted, tmp_path):
     info = export.export_promoted(spark, Paths.under(promoted))
     assert info["out_dir"] == os.path.join(promoted, "export", "r1.g1") and info["run_id"] == "r1"

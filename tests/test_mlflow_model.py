@@ -137,6 +137,7 @@ def _check(task: str, got: pd.DataFrame, exported: export.ExportedModel, frame: 
         assert got["predicted_class"].tolist() == spark["predicted_class"].tolist()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("task", TASKS)
 def test_the_mlflow_model_predicts_as_the_export_and_spark(saved, task):
     import mlflow
@@ -153,6 +154,7 @@ def test_the_mlflow_model_predicts_as_the_export_and_spark(saved, task):
             assert (np.allclose(x, y, rtol=1e-6, atol=1e-12) if not isinstance(x, str) else x == y), (left, right)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_the_signature_is_the_raw_columns_by_source_name_and_type(saved):
     import mlflow
     for task, s in saved.items():
@@ -179,6 +181,7 @@ def test_each_source_type_has_its_mlflow_type():
         mm.input_type({"name": "d", "type": "double", "raw_type": "date", "nullable": True})
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_the_folder_holds_data_only_and_names_our_loader_module(saved):
     folder = saved["binary"]["mlflow"]
     files = [os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs]
@@ -194,6 +197,7 @@ def test_the_folder_holds_data_only_and_names_our_loader_module(saved):
     assert any(r.startswith("sparkdeep==") for r in reqs) and not any(r.startswith("cloudpickle") for r in reqs)
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_a_wrong_typed_or_missing_column_is_refused_naming_it(saved):
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -256,6 +260,7 @@ def _cfg(out, *extra):
     return load_config(os.path.join(REPO, "conf"), env="ci", overrides=[f"output_dir={out}", *extra])
 
 
+@pytest.mark.slow  # its module fixture fits a pipeline: left to make test
 def test_the_export_job_logs_it_into_the_train_run_and_loads_by_both_uris(saved, tmp_path):
     import mlflow
     from mlflow.entities import LoggedModelStatus

@@ -81,6 +81,7 @@ def test_manifest_records_steps_and_refuses_a_changed_config(cfg, repo_root):
     assert forced.record.generation == 1 and forced.record.config["train"]["epochs"] == 7
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
     paths = Paths.under(cfg.output_dir)
     rows = spark.range(1000).selectExpr("id", "id % 7 AS k")

@@ -58,6 +58,7 @@ def test_airflow_loads_the_dag_with_five_ordered_spark_submit_tasks(airflow_pyth
     assert "python -m sparkdeep.jobs.train" in ran.stdout and "--run-id" in ran.stdout
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_cron_entry_calls_the_scheduled_run_script(repo_root, tmp_path):
     lines = [ln for ln in open(os.path.join(repo_root, "deploy", "cron", "sparkdeep.crontab"))
              if ln.strip() and not ln.startswith("#") and "=" not in ln.split()[0]]

@@ -129,6 +129,7 @@ def served(spark, tmp_path_factory):
             s.stop()
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 @pytest.mark.parametrize("task", list(SETTINGS))
 def test_predictions_equal_the_exported_model_on_the_same_rows(served, task):
     s = served[task]
@@ -171,6 +172,7 @@ def same(got: list[dict], want: list[dict]) -> bool:
     return True
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 @pytest.mark.parametrize("task", list(SETTINGS))
 def test_the_traced_graph_scores_as_the_eager_model(served, task):
     model, rows = served[task]["model"], served[task]["rows"]
@@ -179,6 +181,7 @@ def test_the_traced_graph_scores_as_the_eager_model(served, task):
     assert all(set(p) == set(preds) for p, preds in zip(traced, eager))
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_health_and_schema(served):
     s = served["multiclass"]
     status, health = call(s["port"], "GET", "/health")
@@ -216,6 +219,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_bad_request_is_a_4xx_naming_the_field(served, case):
     body, status, field = BAD[case]
@@ -226,12 +230,14 @@ def test_a_bad_request_is_a_4xx_naming_the_field(served, case):
         assert field in got["error"] and "row" in got
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_a_chunked_body_too_large_is_refused_while_read(served):
     chunks = iter([b"{\"rows\": [" + b" " * 40_000, b" " * 40_000, b"]}"])
     status, got = call(served["binary"]["port"], "POST", "/predict", chunks, headers={"Transfer-Encoding": "chunked"})
     assert status == 413 and got["field"] == "body"
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_nulls_score_where_the_schema_allows_them_and_are_refused_where_not(served):
     s = served["binary"]
     row = {"colour": None, "member": None, "x.a": None, "price (USD)": None, "x3": None, "id": 5, "label": 1.0}
@@ -249,6 +255,7 @@ def test_nulls_score_where_the_schema_allows_them_and_are_refused_where_not(serv
     assert RowChecker(schema, ServeOptions(ignore_unknown=True)).check([{**GOOD, "extra": 1}]) == [GOOD]
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_concurrent_clients_batched_together_each_get_their_own_rows(served):
     s = served["regression"]
     clients, rounds = 16, 4
@@ -288,6 +295,7 @@ def test_concurrent_clients_batched_together_each_get_their_own_rows(served):
     assert batches < clients * rounds, "no request was batched with another"
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_shutdown_finishes_the_request_in_flight(served):
     s = served["binary"]
     # A long wait keeps the request queued while the server is told to stop.
@@ -320,6 +328,7 @@ def test_the_job_refuses_a_path_without_an_export_in_one_line(tmp_path, capsys):
     assert "holds no schema.json" in err[0] and "no export under" in err[1]
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_the_job_finds_the_newest_export_under_the_output_folder(served, tmp_path):
     import shutil
     for i, task in enumerate(["binary", "regression"]):
@@ -328,6 +337,7 @@ def test_the_job_finds_the_newest_export_under_the_output_folder(served, tmp_pat
     assert serve_job.find_export(None, str(tmp_path)) == str(tmp_path / "export" / "r1")
 
 
+@pytest.mark.slow  # its module fixture fits and exports a pipeline: left to make test
 def test_the_job_serves_the_promoted_models_export_not_a_newer_one(served, tmp_path, capsys):
     import json
     import shutil

@@ -58,6 +58,7 @@ def test_bad_config_exits_non_zero_with_one_line_naming_the_key(tmp_path):
     assert len(lines) == 1 and "'train.epochs'" in lines[0]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_missing_input_table_fails_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sparkdeep.jobs.evaluate", "--output-dir", str(tmp_path),
                           "--set", "spark.master=local[1]"], capture_output=True, text=True, timeout=180)

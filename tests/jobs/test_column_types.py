@@ -38,6 +38,7 @@ def _spec(tmp_path, source, features: dict) -> str:
                                           "features": features})
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_dates_timestamps_decimals_and_integer_codes_become_features(spark, tmp_path, source):
     cfg = config(_spec(tmp_path, source, {"categorical": ["zip"],
                                           "numeric": ["signed up", "seen", "price"]}), tmp_path / "o")
@@ -60,6 +61,7 @@ def test_dates_timestamps_decimals_and_integer_codes_become_features(spark, tmp_
     assert report["rows_usable"] == 60  # a null date is a missing number, not a rejected row
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_inferred_features_take_dates_and_leave_an_array_out_with_the_reason(spark, tmp_path, source):
     report = run_ingest(spark, config(_spec(tmp_path, source, {}), tmp_path / "o"))
     f = report["features"]

@@ -127,6 +127,7 @@ def test_every_shipped_spec_loads():
 
 # -- CSV: malformed lines and unparseable values are rejected with the raw line --------------------
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_csv_rows_reconcile_and_bad_lines_keep_their_text(spark, tmp_path):
     pdf = table(200)
     path = tmp_path / "data.csv"
@@ -160,6 +161,7 @@ def test_csv_rows_reconcile_and_bad_lines_keep_their_text(spark, tmp_path):
     assert usable.agg(F.sum("label")).first()[0] == want == report["positives"]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_csv_header_in_another_order_is_read_by_name_and_new_columns_listed(spark, tmp_path):
     pdf = table(60)
     pdf["extra"] = "e"
@@ -177,6 +179,7 @@ def test_a_csv_header_in_another_order_is_read_by_name_and_new_columns_listed(sp
 
 # -- Parquet: inferred features, string classes, drift -------------------------------------------
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_parquet_multiclass_classes_are_kept_in_order(spark, tmp_path):
     pdf = table(150)
     src = str(tmp_path / "src.parquet")
@@ -214,6 +217,7 @@ def test_a_missing_or_retyped_column_stops_before_writing(spark, tmp_path, chang
 
 # -- Delta: pinned version, drift between runs, derived keys ----------------------------------------
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_delta_source_version_is_recorded_and_drift_between_runs_is_named(spark, tmp_path):
     pdf = table(80)
     src = str(tmp_path / "src_delta")
@@ -249,6 +253,7 @@ def test_delta_source_version_is_recorded_and_drift_between_runs_is_named(spark,
     assert run_ingest(spark, config(pinned, out))["source"]["version"] == 1
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_identical_rows_get_distinct_stable_ids(spark, tmp_path):
     pdf = table(30)
     dup = pdf.iloc[[0, 0, 0, 5]].copy()
@@ -264,6 +269,7 @@ def test_identical_rows_get_distinct_stable_ids(spark, tmp_path):
     assert report["rows_usable"] == 34 and len(set(ids)) == 34
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_duplicated_key_and_another_data_set_in_the_output_are_errors(spark, tmp_path):
     import pandas as pd
     pdf = table(20)
@@ -295,6 +301,7 @@ def test_a_binary_label_without_a_rule_must_be_zero_one(spark, tmp_path):
         run_ingest(spark, config(spec, tmp_path / "out"))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_zero_one_label_with_a_few_other_values_rejects_those_rows(spark, tmp_path):
     """More odd values than the old 3-value sample looked at: each such row is rejected with its
     value, the 0/1 rows are ingested; the decision counts every row."""
@@ -336,6 +343,7 @@ def test_a_label_with_one_class_in_the_usable_rows_stops_before_writing(spark, t
     assert not os.path.exists(tmp_path / "out" / "tables" / "one")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_positive_or_negative_value_matching_no_row_is_named_with_the_yaml_hint(spark, tmp_path):
     """``positive: [Yes]`` unquoted is YAML's boolean true, which the spec reads as 'true': it used to
     ingest with no positives at all."""
@@ -368,6 +376,7 @@ def test_a_positive_or_negative_value_matching_no_row_is_named_with_the_yaml_hin
     assert report["positives"] == int((pdf["churned"] == "Yes").sum()) > 0
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_positive_values_list_what_became_class_0_and_negative_rejects_the_rest(spark, tmp_path):
     pdf = table(40)
     pdf.loc[[1, 2], "churned"] = "Yes"  # typos of the positive value
@@ -489,6 +498,7 @@ def test_a_filter_that_reaches_beyond_the_row_is_refused_before_spark_runs_it(sp
     assert spark.range(5).count() == 5  # the JVM lives
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_filter_of_plain_builtins_still_selects_rows(spark, tmp_path):
     pdf = table(200)
     src = str(tmp_path / "src.parquet")
@@ -575,6 +585,7 @@ def test_a_feature_null_in_every_training_row_is_named_before_prepare_writes(spa
     assert not os.path.exists(tmp_path / "out" / "tables" / "train")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_categories_with_only_constant_numbers_leave_the_numbers_out_and_prepare(spark, tmp_path):
     """Embedding encoding: every number constant used to leave an empty numeric block that the
     variance selector refused; now they are left out, reported, and the features are the indices."""

@@ -85,6 +85,7 @@ def _ingest_plan(spark, tmp_path, numeric: int):
     return df._jdf.queryExecution().analyzed().toString(), df
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_ingests_plan_does_not_deepen_with_the_column_count(spark, tmp_path):
     narrow, _ = _ingest_plan(spark, tmp_path, 20)
     wide, df = _ingest_plan(spark, tmp_path, 400)
@@ -95,6 +96,7 @@ def test_ingests_plan_does_not_deepen_with_the_column_count(spark, tmp_path):
     assert names.originals(df.schema)["Price_USD_2"] == "Price (USD) 2"
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_prepares_plan_does_not_deepen_with_the_column_count(spark):
     from sparkdeep.pipelines import prepare as prep
 

@@ -53,6 +53,7 @@ def binary(spark):
     return fitted(spark, "binary")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
     df, prepare_model, models = binary
     assert tuple(models) == bl.BASELINES["binary"]
@@ -71,6 +72,7 @@ def test_baselines_train_on_every_row_and_every_assembled_feature(binary):
             assert last.summary.predictions.count() == df.count()  # the whole table, not the sample
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_baselines_score_raw_rows_with_unseen_and_null_values(spark, binary):
     raw = spark.createDataFrame([(1000, "purple", 0.5, None, 1.0), (1001, None, None, 0.1, 0.0)],
                                 "id long, colour string, x1 double, x2 double, label double")
@@ -113,6 +115,7 @@ def test_a_baseline_the_task_lacks_is_named():
         bl.estimator("gbt", "ranking", seed=1)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
 def test_one_saved_pipeline_holds_every_baseline_and_each_scores_like_its_own_fit(spark, task, tmp_path):
     """The train step's form: one PipelineModel, each model with its own output columns; the
@@ -191,6 +194,7 @@ def wide_categories(spark):
     df.unpersist()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_column_of_thousands_of_levels_is_capped_and_every_baseline_fits(wide_categories):
     df, pdf, _, combined, fit_s, lines = wide_categories
     assert bl.names_in(combined) == list(bl.BASELINES["binary"]) and all(s > 0 for s in fit_s.values())
@@ -215,6 +219,7 @@ def test_a_column_of_thousands_of_levels_is_capped_and_every_baseline_fits(wide_
     assert models["xgboost"].get_booster().num_features() == width
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_the_trees_split_the_categories_as_mllib_categorical_features(wide_categories):
     df, _, _, combined, fit_s, lines = wide_categories
     front = PipelineModel(combined.stages[:-len(fit_s)])
@@ -232,6 +237,7 @@ def test_the_trees_split_the_categories_as_mllib_categorical_features(wide_categ
            "(maxBins 64)" in lines
 
 
+@pytest.mark.slow  # its module fixture fits the baselines: left to make test
 def test_capped_indices_are_the_most_frequent_levels_then_one_shared_bucket(wide_categories):
     """Against pandas: the top levels by training count (ties alphabetical, as StringIndexer's
     frequencyDesc) keep their rank, every other level shares the next index: 63 for the
@@ -249,6 +255,7 @@ def test_capped_indices_are_the_most_frequent_levels_then_one_shared_bucket(wide
     assert (one_hot == ranks.clip(upper=bl.MAX_LEVELS)).all() and (ranks > bl.MAX_LEVELS).any()
 
 
+@pytest.mark.slow  # its module fixture fits the baselines: left to make test
 def test_raw_holdout_rows_score_with_rare_unseen_and_null_levels_alike(spark, wide_categories):
     """Rows under the source's names; a rare item, an unseen one and a null share a bucket, so
     every baseline scores them alike; a top item is its own category."""
@@ -269,6 +276,7 @@ def test_raw_holdout_rows_score_with_rare_unseen_and_null_levels_alike(spark, wi
         np.testing.assert_allclose(p[2], p[0], err_msg=name)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_the_capped_baselines_save_and_load_through_the_model_store(spark, wide_categories, tmp_path):
     from sparkdeep import model_store
     df, _, _, combined, _, _ = wide_categories
@@ -285,6 +293,7 @@ def test_the_capped_baselines_save_and_load_through_the_model_store(spark, wide_
             np.testing.assert_allclose(g[c].toArray(), w[c].toArray(), rtol=1e-9, err_msg=c)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_onehot_prepare_model_gets_the_same_capped_front(spark, binary):
     """``prepare.encoding: onehot``: its own one-hot and assembler are not the baselines'; the
     front is built from its indexers and imputer as for an embedding model."""
@@ -309,6 +318,7 @@ def test_a_onehot_prepare_model_gets_the_same_capped_front(spark, binary):
     assert bl.names_in(combined) == list(bl.BASELINES["binary"])
 
 
+@pytest.mark.slow  # its module fixture fits the baselines: left to make test
 def test_a_cap_below_one_level_of_its_own_is_refused(binary):
     df, model, _ = binary
     with pytest.raises(ValueError, match="max_levels must be at least 1 .*got max_levels 0, max_bins 64"):

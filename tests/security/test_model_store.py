@@ -105,6 +105,7 @@ def set_class(name: str):
 
 # -- (h) the clean folder ---------------------------------------------------------------------
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_clean_pipeline_loads_and_scores_like_the_in_memory_one(spark, saved, model, data):
     checked = model_store.check(spark, saved)
     assert [c for _, c in checked] == [
@@ -118,6 +119,7 @@ def test_clean_pipeline_loads_and_scores_like_the_in_memory_one(spark, saved, mo
     assert keras_stage.kerasBytes == model.stages[1].kerasBytes
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_mllib_stages_a_user_saves_are_on_the_allow_list(spark, data, tmp_path):
     """The class names the JVM really writes, checked on a saved pipeline (fitted and not)."""
     from pyspark.ml import Pipeline

@@ -130,6 +130,7 @@ def quantized(teacher):
     return {mode: compress.quantize(teacher, mode) for mode in compress.QUANTIZE_MODES}
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_quantized_variants_are_smaller_and_close(quantized, teacher, frames, assembler):
     original = len(teacher.kerasBytes)
     sizes = {mode: len(v.kerasBytes) for mode, v in quantized.items()}

@@ -45,6 +45,7 @@ def counts(df, col="label"):
 
 # -- 1. samplers on a (features, label) frame ----------------------------------------------
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_stratified_sampler_hashes_vectors_and_keeps_exact_counts(cancer):
     model = StratifiedSampler(stratumCol="label", fractions={"0.0": 0.5, "1.0": 0.5}, seed=4).fit(cancer)
     sample = model.sample(cancer)
@@ -59,6 +60,7 @@ def test_class_balance_on_vectors_is_exact_and_weights_restore_the_prior(cancer)
     assert sample.agg(F.avg("sample_weight")).first()[0] == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_exact_duplicate_rows_keep_counts_exact(spark):
     # 40 copies of each of 5 rows per class: every boundary hash is shared by many rows.
     rows = [([float(i), 1.0], float(c)) for c in (0, 1) for i in range(5) for _ in range(40)]
@@ -107,6 +109,7 @@ def test_metric_names_resolve_by_task():
         tasks.task_for_loss("categorical_hinge")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_estimator_refuses_on_the_driver(cancer, spark):
     multi = cancer.withColumn("label", (F.col("label") + F.lit(1.0)))  # classes 1, 2
     with pytest.raises(ValueError, match="metric 'auc' does not fit a multiclass"):
@@ -158,6 +161,7 @@ def _model(net):
     return DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_transform_refuses_or_nulls_non_finite_rows(spark):
     import keras
     keras.utils.set_random_seed(0)
@@ -172,6 +176,7 @@ def test_transform_refuses_or_nulls_non_finite_rows(spark):
         assert all(r["prediction"] is not None for r in out if r not in nulls)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_regression_model_predicts_in_target_units_without_probabilities(spark):
     net = mlp_regressor(2, hidden_units=(), dropout=0.0)
     kernel, bias = net.get_layer("probabilities").get_weights()
@@ -190,6 +195,7 @@ def test_regression_model_predicts_in_target_units_without_probabilities(spark):
     (lambda: mlp_classifier(3, 4, hidden_units=(4,)), "multiclass"),
     (lambda: mlp_regressor(3, hidden_units=(4,)), "regression"),
 ], ids=["sigmoid", "softmax-2", "softmax-4", "regression"])
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_transform_outputs_match_the_network_with_mllib_types(spark, make, task):
     """Issue 25 builds the outputs in Python (one Arrow struct): the columns and their types
     stay MLlib's (a probability vector, a double prediction), every value the network's,
@@ -246,6 +252,7 @@ def test_fit_refuses_mixed_lengths(mixed, stage):
         stage.fit(mixed.coalesce(1))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_transform_refuses_mixed_lengths_and_names_null_vectors(spark, mixed):
     rng = np.random.default_rng(1)
     clean = vec_frame(spark, [(rng.normal(size=4).tolist(), float(i % 2)) for i in range(40)])
@@ -307,6 +314,7 @@ def test_class_labels_must_be_class_indices_and_infinite_labels_are_invalid(canc
         UnivariateSelector(selectionThreshold=3).fit(inf)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_null_labels_are_counted_not_silently_dropped(cancer):
     with_null = cancer.withColumn("label", F.when(F.rand(5) < 0.05, F.lit(None)).otherwise(F.col("label")))
     n_null = with_null.where(F.col("label").isNull()).count()
@@ -399,6 +407,7 @@ def test_ties_on_a_non_unique_key_do_not_depend_on_partitioning(spark):
     assert len(ids[0]) == 100 and ids[0] == ids[1] == ids[2]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_strata_of_other_types_match_by_text_or_number(spark):
     import datetime
     df = spark.createDataFrame([(datetime.date(2013, 1, 1 + i % 2), i % 3 == 0, float(i % 2)) for i in range(60)],

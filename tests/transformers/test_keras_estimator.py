@@ -33,6 +33,7 @@ def untrained_model(input_dim=30):
     return net, DistributedKerasModel(kerasBytes=network.keras_to_bytes(net))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_transform_matches_keras_on_numpy(cancer):
     net, model = untrained_model()
     scored = model.transform(cancer).orderBy("id")
@@ -46,6 +47,7 @@ def test_transform_matches_keras_on_numpy(cancer):
     assert scored.count() == cancer.count()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_save_load_round_trip_has_no_pickle_and_same_output(cancer, tmp_path):
     _, model = untrained_model()
     path = str(tmp_path / "pm")

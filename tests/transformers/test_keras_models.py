@@ -137,6 +137,7 @@ def wide():
     return cards, net, data, back
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_thousands_of_columns_make_a_few_layers_and_a_few_tables(wide):
     cards, net, data, back = wide
     assert len(net.layers) < 40 and len(back.layers) == len(net.layers)

@@ -101,6 +101,7 @@ def test_each_member_is_trained_on_its_own_loss():
     assert isinstance(loss1, tf.Tensor)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_fresh_process_loads_each_new_layer_in_safe_mode_and_scores_identically(tmp_path):
     import keras
     keras.utils.set_random_seed(8)

@@ -56,6 +56,7 @@ def test_k_chosen_by_variance_target(cancer):
     assert feature_names(out.schema, "pcs") == [f"pc{i + 1}" for i in range(model.numComponents)]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_round_trip_in_new_process(cancer, tmp_path):
     df, _ = cancer
     model = CenteredPCA(inputCol="features", outputCol="pcs", k=4, scale=True).fit(df)
@@ -65,6 +66,7 @@ def test_round_trip_in_new_process(cancer, tmp_path):
     np.testing.assert_array_equal(loaded.components, model.components)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_two_thousand_features(spark):
     rng = np.random.default_rng(0)
     p, n = 2000, 600
@@ -108,6 +110,7 @@ def low_rank(n, p, rank, seed=0, noise=0.05):
     return 5.0 + (rng.normal(size=(n, rank)) * scales) @ rng.normal(size=(rank, p)) + noise * rng.normal(size=(n, p))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("scale", [False, True])
 def test_randomized_agrees_with_exact_within_tolerance(spark, scale):
     """Components to 1e-6 (cosine to 1 - 1e-10) and explained variance ratios to 1e-6
@@ -145,6 +148,7 @@ def sparse_wide(spark, n=1500, p=70_000, seed=2):
     return spark.createDataFrame(vectors, ["id", "features"]).repartition(3), x
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_randomized_handles_sparse_vectors_beyond_mllibs_column_limit(spark):
     df, x = sparse_wide(spark)
     n, p = x.shape
@@ -165,6 +169,7 @@ def test_randomized_handles_sparse_vectors_beyond_mllibs_column_limit(spark):
     np.testing.assert_allclose(got, (x @ model.components) - mean @ model.components, atol=1e-8)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_randomized_solver_errors_and_round_trip(spark, cancer, tmp_path):
     df, _ = cancer
     with pytest.raises(ValueError, match="randomized solver needs k"):
@@ -178,6 +183,7 @@ def test_randomized_solver_errors_and_round_trip(spark, cancer, tmp_path):
     assertDataFrameEqual(again, model.transform(df).select("id", "pcs"))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("scale", [False, True])
 def test_randomized_is_exact_when_a_mean_dwarfs_the_spread(spark, scale):
     """A feature at 1e8 + N(0, 1): a raw sum of squares loses its variance entirely (the

@@ -90,6 +90,7 @@ def test_mllibs_pipeline_and_transform_never_sample(digits):
 FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "prepare_model_2026_12")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_prepare_model_saved_before_the_explicit_api_scores_and_samples_the_same(spark):
     """A fitted prepare pipeline saved on 2026-12-02 (while Pipeline.fit still made the sampler
     sample through a look at its caller): loaded, it transforms, samples and prepares as
@@ -116,6 +117,7 @@ def test_a_prepare_model_saved_before_the_explicit_api_scores_and_samples_the_sa
     assert np.allclose([v for _, v in again], [v for _, v in expected["transformed"]], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_saved_and_loaded_model_passes_every_row_in_new_process(digits, tmp_path, spark):
     fitted = Pipeline(stages=[ClassBalanceSampler(labelCol="label", majorityRatio=1.5, seed=5)]).fit(digits)
     path = str(tmp_path / "pm")

@@ -38,6 +38,7 @@ def digits(spark):
     return assembled(spark, d.data, d.target, names), d.data, d.target, names
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_variance_selector_matches_numpy_and_keeps_names(digits, tmp_path):
     df, x, _, names = digits
     model = VarianceSelector(varianceThreshold=1.0).fit(df)
@@ -127,6 +128,7 @@ def test_correlation_selector_matches_numpy_and_keeps_label_related_feature(spar
     assert np.all(np.abs(sub[np.triu_indices(len(model.selected), 1)]) <= 0.9)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_model_importance_selectors(cancer, tmp_path):
     df, _, _, names = cancer
     rf = ModelImportanceSelector(method="randomForest", numTopFeatures=5, seed=3).fit(df)
@@ -176,6 +178,7 @@ def test_bad_input_is_named_or_skipped_and_counted(spark, cancer):
         CorrelationSelector().fit(const)
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_stages_work_in_pipeline_crossvalidator_and_trainvalidationsplit(cancer):
     df, *_ = cancer
     from sparkdeep.transformers.pca import CenteredPCA
@@ -199,6 +202,7 @@ def test_stages_work_in_pipeline_crossvalidator_and_trainvalidationsplit(cancer)
     assert tvs.bestModel.transform(df).count() == df.count()
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_remaining_stages_round_trip_in_new_process(cancer, tmp_path):
     """Univariate, correlation and missing-rate selectors and the uniform and stratified
     samplers, chained in one PipelineModel, reload in a fresh process with identical output."""

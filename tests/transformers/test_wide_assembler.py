@@ -70,6 +70,7 @@ def test_invalid_values_fail_as_mllibs_do(spark):
     assert [list(r.v) for r in skipped] == [[2.0, 3.0]]
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_wide_frame_builds_flat_and_saves_through_the_allow_list(spark, tmp_path):
     n = 1500
     df = spark.range(20).select(F.col("id").alias("key"),
