@@ -58,7 +58,9 @@ def parse_ddl(spark: SparkSession, spec: DatasetSpec) -> T.StructType | None:
         parsed = T._parse_datatype_string(spec.schema)
     except Exception as exc:  # noqa: BLE001 - Spark's ParseException names the position
         raise SourceError(f"dataset spec {spec.file!r}, key 'schema': not a valid DDL schema "
-                          f"({spec.schema!r}): {error_line(exc, typed=False, limit=400)}") from None
+                          f"({spec.schema!r}): {error_line(exc, typed=False, limit=400)}; a column name with a "
+                          "space, dot or other character outside letters, digits and _ goes in backticks "
+                          "(`income.usd` DOUBLE)") from None
     if not isinstance(parsed, T.StructType):
         raise SourceError(f"dataset spec {spec.file!r}, key 'schema': expected column definitions "
                           "like \"id BIGINT, price DOUBLE\"")

@@ -279,7 +279,7 @@ class Config:
         given = strategy_values(self.train.strategy, {k: getattr(self.train, k) for k in STRATEGY_SETTINGS
                                                       if hasattr(self.train, k)})
         for key, line in strategy_conflicts(self.train.strategy, given, naming="key").items():
-            raise ConfigError(f"config key 'train.{key}': value {shown(given[key])} is out of range: {line}")
+            raise ConfigError(f"config key 'train.{key}': {line}")
 
 
     def _compress_checks(self) -> list[tuple[str, bool]]:

@@ -114,8 +114,8 @@ STRATEGY_RULES: dict[str, StrategyRule] = {r.name: r for r in (
                  frozenset(),
                  instead={"accumulation_steps": "each update is one worker's batch: raise {batch_size} instead",
                           "scale_learning_rate": "each update is one worker's batch and the learning rate is used "
-                                                 "as given",
-                          "measure_wait": "its workers never wait for each other"}),
+                                                 "as given: leave it at False",
+                          "measure_wait": "its workers never wait for each other: leave it at False"}),
 )}
 Choices.STRATEGIES = tuple(STRATEGY_RULES)
 
@@ -151,7 +151,10 @@ def strategy_conflicts(name: str, values: dict[str, Any], *, naming: str = "para
         who = (f"strategy={takers[0]!r} only" if len(takers) == 1 else
                "strategies " + ", ".join(map(repr, takers)))
         hint = rule.instead.get(key)
-        hint = ": " + hint.format(**{k: named(k) for k in (*STRATEGY_SETTINGS, "batch_size")}) if hint else ""
+        leave = "leave it unset" if setting.neutral is None else f"leave it at {setting.neutral!r}"
+        hint = hint.format(**{k: named(k) for k in (*STRATEGY_SETTINGS, "batch_size")}) if hint else \
+            f"{leave}, or choose {'that strategy' if len(takers) == 1 else 'one of those'}"
+        hint = ": " + hint
         found[key] = f"{named(key)}={value!r} ({setting.what}) applies to {who}, not {strategy}{hint}"
     return found
 
