@@ -36,7 +36,7 @@ def _summary(module: str) -> str:
     spec = importlib.util.find_spec(f"sparkdeep.jobs.{module}")
     with open(spec.origin, encoding="utf-8") as fh:
         doc = ast.get_docstring(ast.parse(fh.read())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return doc.strip().splitlines()[0].replace("``", "") if doc.strip() else ""
 
 
 def usage() -> str:
