@@ -107,6 +107,7 @@ def test_a_step_retried_five_times_leaves_no_duplicate_rows(spark, cfg):
     assert delta_io.read(spark, paths.table("events")).count() == 2000
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_reads_are_pinned_to_the_runs_own_writes(spark, cfg):
     paths = Paths.under(cfg.output_dir)
     m = Manifest.open(paths, "pinned", cfg, force=False)

@@ -202,6 +202,7 @@ def test_parquet_multiclass_classes_are_kept_in_order(spark, tmp_path):
     (lambda df: df.withColumn("count", F.col("count").cast("string")),
      r"column 'count' was int in the spec's schema .* now has it as string"),
 ])
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_missing_or_retyped_column_stops_before_writing(spark, tmp_path, change, match):
     pdf = table(40)
     src = str(tmp_path / "src.parquet")
@@ -332,6 +333,7 @@ def test_a_zero_one_label_with_a_few_other_values_rejects_those_rows(spark, tmp_
     ({"column": "band", "task": "multiclass", "classes": ["low", "mid", "high"]}, "band = 'mid'",
      r"label 'band': every usable row is class 'mid': \d+ rows, none of \['low', 'high'\]; a multiclass label needs"),
 ])
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_label_with_one_class_in_the_usable_rows_stops_before_writing(spark, tmp_path, label, filter_, match):
     src = str(tmp_path / "src.parquet")
     spark.createDataFrame(table(30)).write.parquet(src)
@@ -550,6 +552,7 @@ def test_an_inferred_feature_with_a_name_the_pipeline_makes_stops_ingest_and_can
     assert column not in delta_io.read(spark, str(tmp_path / "out2" / "tables" / "r2")).columns
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_an_empty_holdout_stops_prepare_before_it_writes(spark, tmp_path):
     from sparkdeep.jobs import prepare
     src = str(tmp_path / "src.parquet")
@@ -569,6 +572,7 @@ def _prepare(spark, cfg):
     return run_step("prepare", prepare.step, spark, cfg, Paths.under(cfg.output_dir))
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 @pytest.mark.parametrize("column, cast", [("colour", "string"), ("x2", "double")])
 def test_a_feature_null_in_every_training_row_is_named_before_prepare_writes(spark, tmp_path, column, cast):
     src = str(tmp_path / "src.parquet")

@@ -67,6 +67,7 @@ def test_binary_ranking_metrics_of_one_class_are_nan_and_fail_the_gate(spark):
         check_gate(m, GATE, None, "binary")
 
 
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_binary_from_an_mllib_model_on_real_data(spark):
     from pyspark.ml.classification import LogisticRegression
     from pyspark.ml.linalg import Vectors

@@ -182,6 +182,7 @@ def test_model_store_imports_no_stage_code():
 
 # -- (a), (b) classes that are not stages ----------------------------------------------------------
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_plain_mllib_load_runs_the_sentinel(spark, folder, sentinel):
     """The hole these checks close: without them the sentinel is imported."""
     name, marker = sentinel
@@ -190,6 +191,7 @@ def test_plain_mllib_load_runs_the_sentinel(spark, folder, sentinel):
     assert name in sys.modules and marker.exists()
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 @pytest.mark.parametrize("where", [(), (1,), (0,), (0, 1)], ids=["top", "stage", "nested-pipeline", "nested-stage"])
 def test_a_class_off_the_allow_list_is_refused_before_import(spark, folder, sentinel, where):
     name, marker = sentinel
@@ -203,6 +205,7 @@ def test_a_class_off_the_allow_list_is_refused_before_import(spark, folder, sent
 
 @pytest.mark.parametrize("cls", ["tensorflow.saved_model", "os.system", "subprocess.Popen",
                                  "pyspark.ml.feature.SQLTransformer", "org.apache.spark.ml.feature.SQLTransformer"])
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_installed_modules_are_refused(spark, folder, cls):
     edit_metadata(stage(folder, 1), set_class(cls))
     with pytest.raises(UnsafeModelError, match=rf"stages/1_DistributedKerasModel_\w+: class '{re.escape(cls)}'"):
@@ -211,6 +214,7 @@ def test_installed_modules_are_refused(spark, folder, cls):
 
 # -- (g) stage folders outside the model folder --------------------------------------------------
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 @pytest.mark.parametrize("uid", ["../../../elsewhere", "x/../../../elsewhere", "/tmp/elsewhere", "a\\..\\b"])
 def test_stage_uids_that_leave_the_folder_are_refused(spark, folder, uid):
     def point_out(meta):
@@ -220,6 +224,7 @@ def test_stage_uids_that_leave_the_folder_are_refused(spark, folder, uid):
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_a_symlinked_stage_folder_is_refused(spark, folder, tmp_path):
     keras_stage = stage(folder, 1)
     outside = shutil.move(keras_stage, str(tmp_path / "outside"))
@@ -228,6 +233,7 @@ def test_a_symlinked_stage_folder_is_refused(spark, folder, tmp_path):
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_malformed_metadata_is_named(spark, folder):
     part = glob.glob(os.path.join(stage(folder, 1), "metadata", "part-*"))[0]
     with open(part, "w") as fh:
@@ -244,6 +250,7 @@ def test_malformed_metadata_is_named(spark, folder):
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_tampered_metadata_fails_its_hadoop_checksum(spark, folder):
     part = glob.glob(os.path.join(folder, "metadata", "part-*"))[0]
     with open(part) as fh:
@@ -256,6 +263,7 @@ def test_tampered_metadata_fails_its_hadoop_checksum(spark, folder):
 
 # -- (c)-(f) the Keras stage's network file ------------------------------------------------------
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 @pytest.mark.parametrize("kind", ["relative", "absolute"])
 def test_keras_file_outside_the_stage_folder_is_refused(spark, folder, tmp_path, kind):
     keras_stage = stage(folder, 1)
@@ -270,6 +278,7 @@ def test_keras_file_outside_the_stage_folder_is_refused(spark, folder, tmp_path,
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_keras_file_without_a_checksum_is_refused(spark, folder):
     edit_metadata(stage(folder, 1), lambda meta: meta.pop("kerasSha256"))
     with pytest.raises(UnsafeModelError, match=r"/metadata: no kerasSha256 for .*/model/model\.keras"):
@@ -284,6 +293,7 @@ def flip_byte(path: str) -> None:
         fh.write(bytes([b[0] ^ 0xFF]))
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_a_flipped_byte_fails_the_hadoop_checksum(spark, folder):
     keras_file = os.path.join(stage(folder, 1), KERAS_FILE)
     flip_byte(keras_file)
@@ -291,6 +301,7 @@ def test_a_flipped_byte_fails_the_hadoop_checksum(spark, folder):
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_a_flipped_byte_without_crc_files_fails_the_sha256(spark, folder):
     keras_file = os.path.join(stage(folder, 1), KERAS_FILE)
     flip_byte(keras_file)
@@ -308,6 +319,7 @@ def junk_zip() -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 @pytest.mark.parametrize("broken", ["truncated", "junk zip"])
 def test_a_broken_archive_with_a_matching_sha256_is_named(spark, folder, broken):
     keras_stage = stage(folder, 1)
@@ -322,6 +334,7 @@ def test_a_broken_archive_with_a_matching_sha256_is_named(spark, folder, broken)
         model_store.load_pipeline(spark, folder)
 
 
+@pytest.mark.slow  # its module fixture fits a model: left to make test
 def test_a_lambda_layer_is_refused_by_keras_safe_mode(spark, model, tmp_path):
     import keras
     inputs = keras.Input((3,))

@@ -389,6 +389,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures")
     # before the estimator and model were named for every strategy (DistributedKeras*)
     ("keras_model_2026_12b", "sparkdeep.transformers.keras.model.KerasHorovodModel"),
 ])
+@pytest.mark.slow  # over 4 s: the fast tier (make test-fast) leaves it to make test
 def test_a_model_saved_under_an_earlier_name_loads_and_scores_the_same(spark, fixture, saved_as):
     """Saved by the code of then (tests/fixtures/<fixture>/make_fixture.py): it passes the
     model store's checks, loads as today's class, and gives the same probability for every
