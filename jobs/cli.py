@@ -17,7 +17,9 @@ True
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
 
 #: Subcommand -> the job module under ``sparkdeep.jobs`` that runs it.
@@ -31,8 +33,6 @@ JOBS: dict[str, str] = {
 def _summary(module: str) -> str:
     """The first line of a job module's docstring, read without importing the module (an
     import would start TensorFlow or Spark's imports for a ``--help``)."""
-    import ast
-    import importlib.util
     spec = importlib.util.find_spec(f"sparkdeep.jobs.{module}")
     with open(spec.origin, encoding="utf-8") as fh:
         doc = ast.get_docstring(ast.parse(fh.read())) or ""

@@ -546,9 +546,7 @@ def training_html(reports: dict[str, dict]) -> str:
     strategy = keras.get("strategy") or "horovod"
     ranks = keras.get("ranks") or []
     if strategy in STRATEGY_RULES:
-        summary = STRATEGY_RULES[strategy].summary
-        if keras.get("local_steps"):
-            summary = summary.replace("local_steps", str(keras["local_steps"]))
+        summary = STRATEGY_RULES[strategy].summary.format(local_steps=keras.get("local_steps") or "local_steps")
         strategy += f" ({summary})"
     later = history[1:] or history
 

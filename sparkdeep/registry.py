@@ -94,7 +94,7 @@ class StrategyRule:
     ranks' contract all ask :func:`strategy_conflicts`."""
     name: str
     backend: str
-    summary: str
+    summary: str                 # ``{local_steps}`` stands for the setting's value
     takes: frozenset[str]
     instead: dict[str, str] = field(default_factory=dict)  # setting -> a hint ({other} names a setting)
 
@@ -104,7 +104,7 @@ STRATEGY_RULES: dict[str, StrategyRule] = {r.name: r for r in (
                  frozenset({"compression", "accumulation_steps", "scale_learning_rate", "measure_wait"})),
     StrategyRule("collective", "tensorflow", "TensorFlow's collective all-reduce of the gradients every update, no Horovod",
                  frozenset({"accumulation_steps", "scale_learning_rate", "measure_wait"})),
-    StrategyRule("local_sgd", "tensorflow", "each rank alone, weights averaged every local_steps updates",
+    StrategyRule("local_sgd", "tensorflow", "each rank alone, weights averaged every {local_steps} updates",
                  frozenset({"local_steps", "scale_learning_rate", "measure_wait"}),
                  instead={"accumulation_steps": "it already exchanges every {local_steps} updates: set {local_steps} "
                                                 "instead"}),
@@ -138,8 +138,7 @@ def strategy_conflicts(name: str, values: dict[str, Any], *, naming: str = "para
     def named(key: str) -> str:
         if naming == "key":
             return f"train.{key}"
-        return STRATEGY_SETTINGS[key].param if key in STRATEGY_SETTINGS else \
-            "".join(w if i == 0 else w.title() for i, w in enumerate(key.split("_")))
+        return STRATEGY_SETTINGS[key].param if key in STRATEGY_SETTINGS else {"batch_size": "batchSize"}[key]
 
     strategy = f"train.strategy={name!r}" if naming == "key" else f"strategy={name!r}"
     found = {}

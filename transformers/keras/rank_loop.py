@@ -357,11 +357,9 @@ def _shard_counts(folder: str) -> list:
 def train_rank(spec: RankSpec) -> RankResult:
     """Train on this rank's streamed shard; rank 0 also returns the trained model and history."""
     from sparkdeep.channel import RANK_DATA_ENV
-    from sparkdeep.logs import install_default
 
     from .feed import TRAIN, VALIDATION, Prefetch, ShardFeed, plan_steps
     t_enter = time.time()
-    install_default()  # a rank is a process of its own: its epoch lines need the console handler
     pinned = _pin_devices()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
