@@ -13,7 +13,7 @@ zip=dist/sparkdeep-$version.zip
 mkdir -p dist
 exec 9>dist/.build.lock
 flock 9
-newer=$( [[ -f $zip ]] && find sparkdeep jobs pipelines transformers pyproject.toml -newer "$zip" -name '*.py' -o -newer "$zip" -name pyproject.toml | head -1 || echo rebuild)
+newer=$( [[ -f $zip ]] && find sparkdeep jobs pipelines transformers conf pyproject.toml -newer "$zip" \( -name '*.py' -o -name '*.yaml' -o -name pyproject.toml \) | head -1 || echo rebuild)
 if [[ -n $newer ]]; then
   rm -rf build dist/sparkdeep-"$version"*
   "$VPY" -m pip wheel --quiet --no-deps --no-build-isolation -w dist . >&2

@@ -197,6 +197,57 @@ def _build(cls: type, tree: Mapping, prefix: str, file: str):
     return _FIELDS.build(cls, tree, prefix, lambda dotted: file)
 
 
+#: The first word of every Spark SQL data type a DDL column may have (case ignored).
+_DDL_TYPES = frozenset("""boolean tinyint byte smallint short int integer bigint long float real double decimal dec
+numeric date timestamp timestamp_ntz timestamp_ltz string varchar char binary array map struct interval void
+variant""".split())
+_DDL_NAME = re.compile(r"\s*(`(?:[^`]|``)+`|[A-Za-z0-9_]+)\s*:?\s*([A-Za-z_]+)?")
+
+
+def ddl_problem(schema: str) -> str | None:
+    """What makes ``schema`` not a list of ``name TYPE`` column definitions, or None.
+
+    The shape only (names, commas, a known type word, balanced brackets and quotes), in
+    Python, so a spec is refused before a run writes anything; Spark's parser reads the
+    types themselves at ingest (``pipelines.ingest.parse_ddl``).
+
+    >>> ddl_problem("id BIGINT, `price (usd)` DECIMAL(10, 2), tags ARRAY<STRING>") is None
+    True
+    >>> ddl_problem("id BIGINT, income usd DOUBLE")
+    "column 2 ('income usd DOUBLE'): 'usd' is not a Spark SQL type"
+    """
+    if not schema.strip():
+        return None
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(schema):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "`'\"":
+            quote = ch
+        elif ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+            if depth < 0:
+                return f"an unmatched {ch!r} at character {i + 1}"
+        elif ch == "," and depth == 0:
+            parts.append(schema[start:i])
+            start = i + 1
+    if quote or depth:
+        return f"an unclosed {quote}" if quote else "an unclosed '<' or '('"
+    parts.append(schema[start:])
+    for n, part in enumerate(parts, 1):
+        if not part.strip():
+            return f"column {n} is empty (two commas in a row, or one at an end)"
+        m = _DDL_NAME.match(part)
+        word = m.group(2) if m else None
+        if not m or not word:
+            return f"column {n} ({part.strip()!r}) is not a name followed by a type"
+        if word.lower() not in _DDL_TYPES:
+            return f"column {n} ({part.strip()!r}): {word!r} is not a Spark SQL type"
+    return None
+
+
 def validate(spec: DatasetSpec) -> None:
     """Checks that need no data; each error names the key and the file."""
     f = spec.file
@@ -233,6 +284,10 @@ def validate(spec: DatasetSpec) -> None:
     if s.format in TEXT_FORMATS and not spec.schema.strip():
         bad("schema", f"format {s.format!r} needs a DDL schema (e.g. \"id BIGINT, price DOUBLE, cut STRING\"): "
                       "text has no types of its own")
+    problem = ddl_problem(spec.schema)
+    if problem:
+        bad("schema", f"not a valid DDL schema ({spec.schema!r}): {problem}; a column name with a space, dot or "
+                      "other character outside letters, digits and _ goes in backticks (`income.usd` DOUBLE)")
     lab = spec.label
     if lab.task not in tasks.TASKS:
         bad("label.task", f"{lab.task!r} is not one of {', '.join(tasks.TASKS)}")
