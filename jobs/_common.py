@@ -33,12 +33,27 @@ log = logging.getLogger(__name__)
 Step = Callable[..., dict]
 
 
+#: Job module -> the ``sparkdeep`` subcommand running it in this process (set by the console command).
+_COMMANDS: dict[str, str] = {}
+
+
+def invoked_as(module: str, command: str) -> None:
+    """Record that the ``sparkdeep`` console command runs job ``module`` as ``command``."""
+    _COMMANDS[module] = command
+
+
+def prog(module: str) -> str:
+    """The program a job's usage line names: what the user typed, ``sparkdeep <command>``
+    or ``python -m sparkdeep.jobs.<module>`` (a ``spark-submit`` of the module)."""
+    return f"sparkdeep {_COMMANDS[module]}" if module in _COMMANDS else f"python -m sparkdeep.jobs.{module}"
+
+
 def parser(name: str, description: str) -> argparse.ArgumentParser:
     """The options every pipeline-step job takes (``--dataset``, ``--output-dir``,
     ``--run-id``, ``--force``, the lock, config, traceback and verbosity options), for the
-    program ``python -m sparkdeep.jobs.<name>``; installs the console log handler."""
+    program :func:`prog` names; installs the console log handler."""
     logs.install_default()  # a job prints its lines; importing sparkdeep alone does not
-    p = argparse.ArgumentParser(prog=f"python -m sparkdeep.jobs.{name}", description=description,
+    p = argparse.ArgumentParser(prog=prog(name), description=description,
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
     p.add_argument("--dataset", default=None, metavar="NAME|PATH",

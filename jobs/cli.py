@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparkdeep: unknown command {name!r}; the commands are {', '.join(JOBS)}", file=sys.stderr)
         return 2
     job = importlib.import_module(f"sparkdeep.jobs.{JOBS[name]}")
+    importlib.import_module("sparkdeep.jobs._common").invoked_as(JOBS[name], name)  # loaded by the job already
     return job.main(rest)
 
 

@@ -22,7 +22,7 @@ import sys
 
 from sparkdeep import logs, tracking
 from sparkdeep.config import Config, ConfigError
-from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, start_session
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, prog, start_session
 
 log = logging.getLogger("sparkdeep.jobs.compress")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("sparkdeep.jobs.compress")
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkdeep.jobs.compress [options]``: build and measure the variants of the
     promoted network; returns the exit status (0 compressed, 1 failed, 2 bad config or off)."""
-    p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.compress", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("compress"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit status: 0 compressed, 1 it failed, 2 bad config or arguments "
                                        "(compress.enabled false included).")

@@ -25,7 +25,7 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.config import ConfigError
-from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, start_session
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, load, prog, start_session
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
 # sparkdeep logger and its handler.
@@ -35,7 +35,7 @@ log = logging.getLogger("sparkdeep.jobs.export")
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkdeep.jobs.export [options]``: export the promoted pipeline (and log
     it as an MLflow model); returns the exit status (0 exported, 1 failed, 2 bad config)."""
-    p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.export", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("export"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit status: 0 exported, 1 the export failed, 2 bad config or arguments.")
     p.add_argument("--output-dir", default=None,

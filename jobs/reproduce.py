@@ -16,7 +16,7 @@ import sys
 
 from sparkdeep import logs
 from sparkdeep.config import ConfigError, load_config
-from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, start_session
+from sparkdeep.jobs._common import add_config_args, add_traceback, add_verbosity, failed, prog, start_session
 from sparkdeep.registry import Models
 
 # Named, not __name__: under `python -m` this module is "__main__", outside the
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m sparkdeep.jobs.reproduce --model M [--to DIR] [options]``: re-create a
     model's recorded training table by time travel and check it; returns the exit status
     (0 re-created, 1 failed, 2 bad config or arguments)."""
-    p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.reproduce", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("reproduce"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="saved pipeline (or Keras stage) folder, e.g. output/models/runs/<run id>/0/pipeline, "

@@ -19,7 +19,7 @@ import signal
 import sys
 
 from sparkdeep import logs
-from sparkdeep.jobs._common import add_traceback, add_verbosity, failed
+from sparkdeep.jobs._common import add_traceback, add_verbosity, failed, prog
 from sparkdeep.paths import Paths, read_json
 from sparkdeep.pipelines.export import EXPORT_DIR, SCHEMA_FILE, promoted_export_id
 from sparkdeep.registry import Models
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m sparkdeep.jobs.serve (--export DIR | --output-dir OUT) [options]``: serve
     the export over HTTP until stopped; returns the exit status (in ``--help``)."""
     defaults = ServeOptions()
-    p = argparse.ArgumentParser(prog="python -m sparkdeep.jobs.serve", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("serve"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="exit status: 0 stopped (SIGTERM, Ctrl-C) after answering the requests under "
                                        "way, 1 the server failed, 2 bad arguments or no export at the path.")

@@ -33,6 +33,13 @@ def test_the_sparkdeep_command_lists_every_job_and_passes_the_rest_on(tmp_path):
     bad = subprocess.run([*sparkdeep_command(), "ingest", "--set", "train.epochs=lots", "--output-dir",
                           str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "'train.epochs'" in bad.stderr
+    # A job's usage line names what was typed: the subcommand, or the module.
+    for command, typed in (("run", "sparkdeep run"), ("export", "sparkdeep export")):
+        shown = subprocess.run([*sparkdeep_command(), command, "--help"], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and shown.stdout.startswith(f"usage: {typed} "), shown.stdout[:200]
+    module = subprocess.run([sys.executable, "-m", "sparkdeep.jobs.export", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert module.stdout.startswith("usage: python -m sparkdeep.jobs.export "), module.stdout[:200]
 
 
 def test_reproduce_help():
