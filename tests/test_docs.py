@@ -37,6 +37,10 @@ def test_docs_site_builds_strict(tmp_path):
     assert not warnings, "\n".join(warnings)
     assert (tmp_path / "index.html").is_file()
     assert (tmp_path / "api" / "keras" / "index.html").is_file()
+    # The docstrings' reST roles (:func:`x`) show as code, not as typed.
+    raw = [str(p.relative_to(tmp_path)) for p in (tmp_path / "api").rglob("*.html")
+           if re.search(r":(func|class|meth|mod|data|attr):(`|<code>)", p.read_text(encoding="utf-8"))]
+    assert not raw, raw
 
 
 def test_readme_is_short():

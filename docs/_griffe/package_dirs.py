@@ -10,12 +10,27 @@ Spark start-up.
 """
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import griffe
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: A reST cross-reference role as the docstrings write them (``:func:`name```, ``:class:`~a.B```).
+_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|exc|obj|const):`(~?)([^`]+)`")
+
+
+def markdown_roles(text: str) -> str:
+    """The docstring with each reST role as a Markdown code span (``:func:`a.f``` -> `` `a.f` ``;
+    a ``~`` keeps the last name only, as Sphinx shows it): Markdown pages would show the
+    role as typed.
+
+    >>> markdown_roles("see :func:`sparkdeep.conf.base_section` and :class:`~a.b.C`")
+    'see `sparkdeep.conf.base_section` and `C`'
+    """
+    return _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
 
 
 def mapped_packages(root: Path = ROOT) -> dict[str, Path]:
@@ -27,7 +42,12 @@ def mapped_packages(root: Path = ROOT) -> dict[str, Path]:
 
 
 class PackageDirs(griffe.Extension):
-    """Attach each mapped folder to the ``sparkdeep`` package griffe loaded."""
+    """Attach each mapped folder to the ``sparkdeep`` package griffe loaded, and write each
+    docstring's reST roles as Markdown (:func:`markdown_roles`)."""
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = markdown_roles(obj.docstring.value)
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs) -> None:
         if pkg.name != "sparkdeep":
