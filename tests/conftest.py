@@ -30,6 +30,8 @@ def spark(tmp_path_factory):
         "spark.task.maxFailures": "1",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.databricks.delta.snapshotPartitions": "2",
+        # As conf/ci: small tables, no code compiled per query stage (less CPU, the same results).
+        "spark.sql.codegen.wholeStage": "false",
         "spark.sql.warehouse.dir": str(base / "warehouse"),
         "spark.local.dir": str(base / "local"),
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",

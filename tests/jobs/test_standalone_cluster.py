@@ -12,7 +12,8 @@ from tests._standalone import StandaloneCluster
 
 pytestmark = pytest.mark.slow
 
-CI = ["--set", "data.sample_fraction=0.03", "--set", "train.epochs=2", "--set", "train.batch_size=128"]
+CI = ["--set", "data.sample_fraction=0.03", "--set", "train.epochs=2", "--set", "train.batch_size=128",
+      "--set", "baselines.models=[logistic_regression]"]  # one baseline: the cluster is what is tested
 
 
 @pytest.fixture

@@ -155,8 +155,10 @@ def wide_run(spark, tmp_path_factory):
     pdf.to_csv(csv, index=False)
     spec = write_spec(tmp, "wide", {"source": {"format": "csv", "path": str(csv)}, "schema": ddl(pdf),
                                     "key": "row id", "label": {"column": "y (target)", "task": "binary"}})
+    # Two baselines (a linear model and trees over 1,000 columns): random forest and XGBoost
+    # add time, not another path through the wide table.
     cfg = config(spec, tmp / "out", "train.epochs=2", "train.batch_size=32", "baselines.trees=5",
-                 "baselines.depth=3")
+                 "baselines.depth=3", "baselines.models=[logistic_regression, gbt]")
     paths = Paths.under(cfg.output_dir)
     reports = {}
     for name, mod in (("ingest", ingest), ("prepare", prepare), ("train", train), ("score", score),
