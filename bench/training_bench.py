@@ -104,6 +104,8 @@ def run_training_benches(df, args, results, DistributedKerasEstimator):
         est = DistributedKerasEstimator(numProc=num_proc, epochs=args.epochs, batchSize=args.batch,
                                     accumulationSteps=accumulation,
                                     learningRate=0.001, scaleLearningRate=False, warmupEpochs=0.0,
+                                    # every epoch on every row, as before the defaults became conf/base's
+                                    validationFraction=0.0, earlyStoppingPatience=0, lrSchedule="constant",
                                     modelArgs={"hidden_units": [64, 32], "dropout": 0.0})
         t0 = time.time()
         model = est.fit(df)

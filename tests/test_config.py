@@ -265,3 +265,15 @@ def test_config_and_the_estimator_refuse_the_same_settings_for_each_strategy(con
             except ValueError as exc:
                 estimator_refuses = STRATEGY_SETTINGS[key].param in str(exc)
             assert config_refuses is estimator_refuses is (not taken), (strategy, key)
+
+
+def test_the_estimator_s_defaults_are_conf_base_s_train_settings(repo_root):
+    """One home per default: a bare estimator trains with the settings ``make run`` uses."""
+    from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
+    from sparkdeep.transformers.keras.params import FROM_CONF_BASE
+    train, est = load_config(f"{repo_root}/conf").train, DistributedKerasEstimator()
+    assert {"epochs", "learningRate", "lrSchedule", "validationFraction", "earlyStoppingPatience"} <= set(FROM_CONF_BASE)
+    for param, key in FROM_CONF_BASE.items():
+        value = getattr(train, key)
+        assert est.getOrDefault(param) == value, (param, key)
+        assert not est.isSet(param)  # a default, so a saved estimator records it as one

@@ -28,6 +28,7 @@ from sparkdeep.pipelines.train import checkpoint_key, keras_estimator
 from sparkdeep.runs import AdhocStep
 from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
 from sparkdeep.transformers.keras.rank_loop import learning_rate_at
+from tests.transformers._plain import PLAIN
 
 #: Small, quick trials: two epochs on two ranks, no early stopping, a quarter for validation.
 SMALL = ["train.num_proc=2", "train.epochs=2", "train.batch_size=32", "train.validation_fraction=0.25",
@@ -327,7 +328,7 @@ def test_train_validation_split_and_cross_validator_pick_the_best_keras_model(ca
     from sparkdeep.transformers.keras.estimator import DistributedKerasEstimator
     from sparkdeep.transformers.keras.model import DistributedKerasModel
     est = DistributedKerasEstimator(featuresCol="features", labelCol="label", numProc=1, epochs=1, batchSize=32,
-                                modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3)
+                                    modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3, **PLAIN)
     grid = ParamGridBuilder().addGrid(est.learningRate, [0.000001, 0.05]).build()
     evaluator = BinaryClassificationEvaluator(rawPredictionCol="probability")
     for tuner in (TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator,

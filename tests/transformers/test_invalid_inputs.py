@@ -19,6 +19,7 @@ from sparkdeep.transformers.pca import CenteredPCA
 from sparkdeep.transformers.sampling import ClassBalanceSampler, StratifiedSampler, UniformSampler
 from sparkdeep.transformers.selection import (CorrelationSelector, MissingRateSelector, ModelImportanceSelector,
                                               UnivariateSelector, VarianceSelector)
+from ._plain import PLAIN
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +348,7 @@ def test_skip_counts_rows_and_a_diverging_fit_stops_naming_the_epoch(cancer):
     from pyspark.ml.functions import array_to_vector
     bad = cancer.limit(500).union(
         cancer.limit(12).withColumn("features", array_to_vector(F.array_repeat(F.lit(float("nan")), 30))))
-    est = dict(numProc=2, epochs=2, batchSize=32, modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3)
+    est = dict(numProc=2, epochs=2, batchSize=32, modelArgs={"hidden_units": [8], "dropout": 0.0}, seed=3, **PLAIN)
     model = DistributedKerasEstimator(handleInvalid="skip", **est).fit(bad)
     assert model.trainingSummary["skipped_rows"] == 12
     assert sum(r["rows"] for r in model.trainingSummary["ranks"]) == 500

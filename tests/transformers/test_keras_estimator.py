@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from sparkdeep.transformers.keras import network
 from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator, DistributedKerasModel
 from sparkdeep.transformers.keras_models import mlp_binary_classifier
+from ._plain import PLAIN
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def _auc(model, df):
 
 def _estimator(**kw):
     base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=3, batchSize=32,
-                learningRate=0.005, modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=2)
+                learningRate=0.005, modelArgs={"hidden_units": [16], "dropout": 0.0}, seed=2, **PLAIN)
     base.update(kw)
     return DistributedKerasEstimator(**base)
 

@@ -16,6 +16,7 @@ from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
 from .test_rank_feed import logistic_steps_and_feed
+from ._plain import PLAIN
 
 
 def test_the_flops_estimate_counts_matrices_twice_vectors_once_and_lookups_not_at_all():
@@ -89,7 +90,7 @@ def _check_profile(summary, ranks: int, epochs: int) -> None:
 def test_two_horovod_ranks_profile_every_epoch_and_write_the_deep_traces(cancer, tmp_path):  # noqa: F811
     trace = tmp_path / "trace"
     model = DistributedKerasEstimator(numProc=2, epochs=3, batchSize=32, learningRate=0.005, warmupEpochs=0.0,
-                                  seed=3, metrics=["auc"], traceDir=str(trace), traceEpoch=2).fit(cancer)
+                                  seed=3, metrics=["auc"], traceDir=str(trace), traceEpoch=2, **PLAIN).fit(cancer)
     s = model.trainingSummary
     _check_profile(s, ranks=2, epochs=3)
     assert all(e["fused_step"] for r in s["profile"]["ranks"] for e in r["epochs"])
@@ -116,7 +117,7 @@ def test_two_horovod_ranks_profile_every_epoch_and_write_the_deep_traces(cancer,
 @pytest.mark.slow
 def test_one_rank_exchanges_nothing_and_still_profiles(cancer):  # noqa: F811
     model = DistributedKerasEstimator(numProc=1, epochs=2, batchSize=64, learningRate=0.005, warmupEpochs=0.0,
-                                  seed=3, metrics=["auc"]).fit(cancer)
+                                  seed=3, metrics=["auc"], **PLAIN).fit(cancer)
     s = model.trainingSummary
     _check_profile(s, ranks=1, epochs=2)
     assert s["ranks"][0]["allreduce_calls"] == 0 and s["ranks"][0]["allreduce_bytes"] == 0
@@ -125,7 +126,7 @@ def test_one_rank_exchanges_nothing_and_still_profiles(cancer):  # noqa: F811
 
 def test_a_trace_epoch_outside_the_run_is_refused_on_the_driver(cancer, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="traceEpoch must be between 1 and epochs=2"):
-        DistributedKerasEstimator(numProc=1, epochs=2, traceDir=str(tmp_path), traceEpoch=3).fit(cancer)
+        DistributedKerasEstimator(numProc=1, epochs=2, traceDir=str(tmp_path), traceEpoch=3, **PLAIN).fit(cancer)
 
 
 def test_the_report_plots_each_rank_s_split_and_tables_utilisation():

@@ -23,6 +23,7 @@ from sparkdeep.transformers.keras import strategies
 from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
+from ._plain import PLAIN
 
 OTHERS = ("collective", "local_sgd", "parameter_server")
 
@@ -30,7 +31,7 @@ OTHERS = ("collective", "local_sgd", "parameter_server")
 def _estimator(**kw):
     """The estimator's default network (no modelBuilder: the task's default MLP)."""
     base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=4, batchSize=32,
-                learningRate=0.005, warmupEpochs=0.0, seed=3, metrics=["auc"])
+                learningRate=0.005, warmupEpochs=0.0, seed=3, metrics=["auc"], **PLAIN)
     base.update(kw)
     return DistributedKerasEstimator(**base)
 

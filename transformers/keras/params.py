@@ -10,8 +10,27 @@ from pyspark.ml.param.shared import HasFeaturesCol, HasHandleInvalid, HasPredict
 from pyspark.sql import types as T
 
 from sparkdeep import tasks
+from sparkdeep.conf import base_section
 
 from .._vectors import require_new
+
+#: The estimator's defaults that ``conf/base/pipeline.yaml``'s ``train`` section also sets:
+#: they are read from there (one home for each default), param -> train key. ``batchSize``
+#: is the estimator's own (256): conf's 0 asks the pipeline to choose from the row count.
+FROM_CONF_BASE = {
+    "numProc": "num_proc", "epochs": "epochs", "learningRate": "learning_rate",
+    "validationFraction": "validation_fraction", "earlyStoppingPatience": "early_stopping_patience",
+    "accumulationSteps": "accumulation_steps", "compression": "compression",
+    "scaleLearningRate": "scale_learning_rate", "warmupEpochs": "warmup_epochs", "stallTimeout": "stall_timeout",
+    "lrSchedule": "lr_schedule", "strategy": "strategy", "localSteps": "local_steps",
+    "shuffleBufferRows": "shuffle_buffer_rows",
+}
+
+
+def conf_defaults(*params: str) -> dict:
+    """The shipped ``conf/base`` values of these estimator params (:data:`FROM_CONF_BASE`)."""
+    train = base_section("train")
+    return {p: train[FROM_CONF_BASE[p]] for p in params}
 
 
 class ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasHandleInvalid):
@@ -75,8 +94,8 @@ class NetworkParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(modelBuilder="", modelArgs="{}", loss="binary_crossentropy", optimizer="adam",
-                         learningRate=0.001, metrics=[])
+        self._setDefault(modelBuilder="", modelArgs="{}", loss="binary_crossentropy", optimizer="adam", metrics=[],
+                         **conf_defaults("learningRate"))
 
     def getModelBuilder(self) -> str:
         return self.getOrDefault(self.modelBuilder)
@@ -149,10 +168,10 @@ class RunParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(numProc=2, epochs=5, scheduleEpochs=0, batchSize=256, shuffleBufferRows=65536,
-                         accumulationSteps=1, compression="none", scaleLearningRate=True, warmupEpochs=1.0,
-                         stallTimeout=120.0, lrSchedule="constant", strategy="horovod", localSteps=8, measureWait=False,
-                         traceDir="", traceEpoch=2)
+        self._setDefault(scheduleEpochs=0, batchSize=256, measureWait=False, traceDir="", traceEpoch=2,
+                         **conf_defaults("numProc", "epochs", "shuffleBufferRows", "accumulationSteps", "compression",
+                                         "scaleLearningRate", "warmupEpochs", "stallTimeout", "lrSchedule",
+                                         "strategy", "localSteps"))
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)
@@ -200,7 +219,8 @@ class ValidationParams(Params):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(validationFraction=0.0, validationCol="", rowIdCol="", earlyStoppingPatience=0)
+        self._setDefault(validationCol="", rowIdCol="",
+                         **conf_defaults("validationFraction", "earlyStoppingPatience"))
 
 class CheckpointParams(Params):
     """Per-epoch checkpoints under checkpointDir/runId; fit with the same runId resumes."""
