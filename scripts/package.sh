@@ -18,6 +18,6 @@ if [[ -n $newer ]]; then
   rm -rf build dist/sparkdeep-"$version"*
   "$VPY" -m pip wheel --quiet --no-deps --no-build-isolation -w dist . >&2
   cp "dist/sparkdeep-$version-py3-none-any.whl" "$zip"
-  rm -rf build
+  rm -rf build sparkdeep.egg-info  # the build's metadata in the checkout would shadow the installed one
 fi
 echo "$ROOT/$zip"

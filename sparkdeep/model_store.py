@@ -7,7 +7,8 @@ module) runs that module's import side effects and its ``load``. :func:`load_pip
 first reads every metadata file (nested pipelines included), checks each class against
 :data:`ALLOWED_CLASSES` and every stage folder against the model folder, and only then
 hands the folder to MLlib. The checks import nothing, so this module imports no stage
-code either: the allow-list holds class names as strings.
+code either: the allow-list holds class names as strings, MLlib's here and the others
+registered by the packages that own them (:func:`registered_classes`).
 
 What stays trusted: whoever can write the folder can still swap in another valid model,
 or change the folder between these checks and MLlib's reads. Protect the folder with
@@ -22,9 +23,11 @@ Example
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -51,7 +54,7 @@ _PIPELINES = _PIPELINE_MODELS | {"pyspark.ml.pipeline.Pipeline", "org.apache.spa
 #: unfitted ``Pipeline`` loads too. Left out on purpose: ``SQLTransformer`` (its
 #: statement is code), ``RFormula`` and the meta-estimators (``OneVsRest``,
 #: ``CrossValidator``), whose nested stages MLlib loads past these checks.
-ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.feature", """
+_CORE_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.feature", """
     Binarizer Bucketizer BucketedRandomProjectionLSH BucketedRandomProjectionLSHModel
     ChiSqSelector ChiSqSelectorModel CountVectorizer CountVectorizerModel DCT
     ElementwiseProduct FeatureHasher HashingTF IDF IDFModel Imputer ImputerModel
@@ -72,22 +75,63 @@ ALLOWED_CLASSES: frozenset[str] = _PIPELINES | _names("org.apache.spark.ml.featu
     GeneralizedLinearRegressionModel DecisionTreeRegressor DecisionTreeRegressionModel
     RandomForestRegressor RandomForestRegressionModel GBTRegressor GBTRegressionModel
     IsotonicRegression IsotonicRegressionModel AFTSurvivalRegression
-    AFTSurvivalRegressionModel FMRegressor FMRegressionModel""") | _names("sparkdeep.transformers.sampling", """
-    UniformSampler UniformSamplerModel StratifiedSampler StratifiedSamplerModel
-    ClassBalanceSampler ClassBalanceSamplerModel SamplingPipeline""") | _names("sparkdeep.transformers.selection", """
-    SelectorModel VarianceSelector VarianceSelectorModel MissingRateSelector
-    MissingRateSelectorModel UnivariateSelector UnivariateSelectorModel CorrelationSelector
-    CorrelationSelectorModel ModelImportanceSelector ModelImportanceSelectorModel""") | _names(
-    "sparkdeep.transformers.pca", "CenteredPCA CenteredPCAModel") | _names(
-    "sparkdeep.transformers.columns", "ColumnRenamer WideAssembler") | _names(
-    "sparkdeep.transformers.quantiles", "MedianImputer QuantileBinner") | _names(
-    # the network's stage, and its name before it was named for every strategy (saved models name it)
-    "sparkdeep.transformers.keras.model", "DistributedKerasModel KerasHorovodModel") | _names(
-    # the path before the ``keras`` package split, which saved models name
-    "sparkdeep.transformers.keras_estimator", "KerasHorovodModel") | _names(
+    AFTSurvivalRegressionModel FMRegressor FMRegressionModel""") | _names(
     # the XGBoost baseline; its metadata is checked further (_XGBOOST_CODE)
     "xgboost.spark.estimator", """SparkXGBClassifier SparkXGBClassifierModel SparkXGBRegressor
     SparkXGBRegressorModel""")
+
+#: The entry-point group through which a package lists the classes of its own that a saved
+#: model folder may name: an entry point names a ``{module: "Class Class ..."}`` mapping in a
+#: module of that package (sparkdeep's stages: ``transformers/_saved.py``, named in
+#: pyproject.toml). A package lists only classes under its own package.
+SAVED_CLASSES_GROUP = "sparkdeep.saved_classes"
+
+
+def registered_classes() -> frozenset[str]:
+    """Every class the installed packages register under :data:`SAVED_CLASSES_GROUP`.
+
+    Reading an entry point imports only the module it names (a list of strings for
+    sparkdeep's own): no stage is imported to learn what may be loaded.
+
+    Raises
+    ------
+    UnsafeModelError
+        When an entry point lists a class outside the package that registers it, or
+        something other than a mapping of module names to class names.
+    """
+    names: set[str] = set()
+    for ep in _entry_points():
+        owner = ep.module.rpartition(".")[0] or ep.module
+        listed = ep.load()
+        if not isinstance(listed, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in listed.items()):
+            raise UnsafeModelError(f"entry point {ep.name!r} ({ep.value}) in {SAVED_CLASSES_GROUP}: must name a "
+                                   "mapping of module names to space-separated class names")
+        for module, classes in listed.items():
+            if module != owner and not module.startswith(owner + "."):
+                raise UnsafeModelError(f"entry point {ep.name!r} ({ep.value}) in {SAVED_CLASSES_GROUP}: lists "
+                                       f"module {module!r}, outside its own package {owner!r}")
+            names |= _names(module, classes)
+    return frozenset(names)
+
+
+def _entry_points() -> list:
+    """The group's entry points of every distribution on the path. ``entry_points()`` keeps
+    the first distribution of a name only, and a build's ``sparkdeep.egg-info`` in the
+    working directory would then hide the installed metadata."""
+    seen, found = set(), []
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points.select(group=SAVED_CLASSES_GROUP):
+            if (ep.name, ep.value) not in seen:
+                seen.add((ep.name, ep.value))
+                found.append(ep)
+    return found
+
+
+#: Every ``class`` a metadata file may name, exactly as it is written there: MLlib's and
+#: XGBoost's stages (:data:`_CORE_CLASSES`) and those the installed packages register
+#: (:func:`registered_classes`; sparkdeep's own stages among them).
+ALLOWED_CLASSES: frozenset[str] = _CORE_CLASSES | registered_classes()
 
 #: Metadata fields ``xgboost.spark`` reads besides params: ``serialized_callbacks`` is a
 #: cloudpickle its loader unpickles (code), ``init_booster`` a further file to read. Our
@@ -168,8 +212,8 @@ def _check_stage(spark: SparkSession, folder: str, found: list[tuple[str, str]])
     if cls not in ALLOWED_CLASSES:
         raise UnsafeModelError(
             f"{folder}: class {cls!r} in its metadata is not one sparkdeep loads (refused before "
-            f"importing anything). If it is a legitimate stage, add it to "
-            f"sparkdeep.model_store.ALLOWED_CLASSES")
+            f"importing anything). If it is a legitimate stage, the package that owns it lists it under the "
+            f"{SAVED_CLASSES_GROUP!r} entry point{_unregistered_hint(cls)}")
     if cls.startswith("xgboost."):
         extra = [k for k in _XGBOOST_CODE if k in meta]
         if extra:
@@ -188,6 +232,14 @@ def _check_stage(spark: SparkSession, folder: str, found: list[tuple[str, str]])
         # The path PipelineSharedReadWrite.getStagePath builds.
         name = str(index).zfill(len(str(len(uids)))) + "_" + uid
         _check_stage(spark, os.path.join(folder, "stages", name), found)
+
+
+def _unregistered_hint(cls: str) -> str:
+    """Why one of sparkdeep's own classes is missing: no installed metadata registered them."""
+    if not cls.startswith("sparkdeep.") or any(c.startswith("sparkdeep.") for c in ALLOWED_CLASSES):
+        return ""
+    return ("; no installed package registered sparkdeep's own stages: install sparkdeep (pip install), or put "
+            "its wheel, or the zip scripts/package.sh copies from it, on the Python path")
 
 
 def _read_metadata(spark: SparkSession, folder: str) -> dict:
@@ -230,4 +282,5 @@ def _check_links(root: str) -> None:
                     raise UnsafeModelError(f"{entry}: a symbolic link to {target}, outside the model folder {root}")
 
 
-__all__ = ["ALLOWED_CLASSES", "UnsafeModelError", "check", "load", "load_pipeline", "python_class"]
+__all__ = ["ALLOWED_CLASSES", "SAVED_CLASSES_GROUP", "UnsafeModelError", "check", "load", "load_pipeline",
+           "python_class", "registered_classes"]

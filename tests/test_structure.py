@@ -30,6 +30,26 @@ def test_core_imports_nothing_from_pipelines_or_transformers():
         assert not bad, f"{os.path.relpath(path, REPO)} imports {sorted(bad)}"
 
 
+def named_modules(path: str, prefixes: tuple[str, ...]) -> list[int]:
+    """Lines of ``path`` whose string constants (docstrings aside) name a module under
+    ``prefixes``: an import by name, which the import graph does not show."""
+    tree = ast.parse(open(path).read())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs and any(p in n.value for p in prefixes)]
+
+
+def test_core_names_no_module_above_it_as_a_string():
+    """The allow-list of saved classes is the packages' to register (an entry point), not
+    core's to spell out: a class name in a string is a dependency too."""
+    above = ("sparkdeep.pipelines", "sparkdeep.transformers", "sparkdeep.jobs")
+    for path in sources("sparkdeep"):
+        lines = named_modules(path, above)
+        assert not lines, f"{os.path.relpath(path, REPO)}:{lines} names a module of {above} in a string"
+
+
 def test_only_the_serve_job_imports_the_http_server():
     """The scorer and the row rules live in pipelines/scoring.py: the MLflow model, compress
     and the benchmarks reach them without the HTTP module (and its Starlette imports)."""

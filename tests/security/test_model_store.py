@@ -172,12 +172,62 @@ def test_every_allowed_name_is_a_loadable_class():
 
 
 def test_model_store_imports_no_stage_code():
+    # Only the package that registers its classes and the list itself (strings) are read.
     code = ("import sys, sparkdeep.model_store\n"
             "bad = [m for m in sys.modules if m.startswith(('sparkdeep.transformers', 'sparkdeep.pipelines',"
-            " 'sparkdeep.jobs', 'tensorflow', 'keras'))]\n"
+            " 'sparkdeep.jobs', 'tensorflow', 'keras'))\n"
+            "       and m not in ('sparkdeep.transformers', 'sparkdeep.transformers._saved')]\n"
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+#: What a misbehaving entry point could list: a class of another package (SQLTransformer runs SQL).
+OTHERS = {"pyspark.ml.feature": "SQLTransformer"}
+NOT_A_MAPPING = ["sparkdeep.transformers.pca.CenteredPCA"]
+
+
+def test_the_stage_packages_register_their_classes_and_only_their_own(monkeypatch):
+    """The allow-list's sparkdeep names come from the owning package's entry point (core
+    names none); an entry point listing another package's class, or not a mapping, is refused."""
+    from importlib.metadata import EntryPoint
+
+    from sparkdeep.transformers._saved import SAVED_CLASSES
+    [ours] = [ep for ep in model_store._entry_points() if ep.name == "transformers"]
+    assert ours.value == "sparkdeep.transformers._saved:SAVED_CLASSES"
+    listed = {f"{m}.{c}" for m, names in SAVED_CLASSES.items() for c in names.split()}
+    assert listed == {c for c in model_store.ALLOWED_CLASSES if c.startswith("sparkdeep.")}
+    assert model_store.registered_classes() == listed
+
+    def only(value):
+        ep = EntryPoint(name="plugin", value=value, group=model_store.SAVED_CLASSES_GROUP)
+        monkeypatch.setattr(model_store, "_entry_points", lambda: [ep])
+    only("tests.security.test_model_store:OTHERS")
+    with pytest.raises(UnsafeModelError, match=r"lists module 'pyspark.ml.feature', outside its own package "
+                                               r"'tests.security'"):
+        model_store.registered_classes()
+    only("tests.security.test_model_store:NOT_A_MAPPING")
+    with pytest.raises(UnsafeModelError, match="must name a mapping of module names"):
+        model_store.registered_classes()
+
+
+@pytest.mark.slow  # builds the wheel and its zip (scripts/package.sh)
+def test_the_registration_reads_from_the_py_files_zip_without_any_other_package(repo_root):
+    """On a cluster the driver may have only the zip: its metadata (the wheel's) carries the
+    entry point, and reading the list needs nothing else installed (no site-packages here)."""
+    zip_path = subprocess.run(["bash", f"{repo_root}/scripts/package.sh"], capture_output=True, text=True,
+                              timeout=600, cwd=repo_root, check=True).stdout.strip().splitlines()[-1]
+    code = ("import sys, importlib.metadata as md\n"
+            "sys.path[:] = [sys.argv[1]] + [p for p in sys.path if 'site-packages' not in p]\n"
+            "[ep] = [e for e in md.entry_points(group='sparkdeep.saved_classes') if e.name == 'transformers']\n"
+            "listed = ep.load()\n"
+            "assert 'DistributedKerasModel' in listed['sparkdeep.transformers.keras.model'], listed\n"
+            "assert sys.modules['sparkdeep'].__file__.startswith(sys.argv[1]), sys.modules['sparkdeep'].__file__\n"
+            "print(sorted(m for m in sys.modules if m.startswith('sparkdeep')))\n")
+    done = subprocess.run([sys.executable, "-S", "-c", code, zip_path], capture_output=True, text=True, timeout=120,
+                          cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['sparkdeep', 'sparkdeep.transformers', 'sparkdeep.transformers._saved']"
 
 
 # -- (a), (b) classes that are not stages ----------------------------------------------------------
