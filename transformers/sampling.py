@@ -696,9 +696,11 @@ class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable,
 
     Examples
     --------
-    >>> sampler = ClassBalanceSampler(labelCol="label", majorityRatio=1.0)  # doctest: +SKIP
-    >>> model = sampler.fit(train)                                          # doctest: +SKIP
+    >>> train = spark.createDataFrame([(float(i % 4 == 0),) for i in range(40)], ["label"])
+    >>> model = ClassBalanceSampler(labelCol="label", majorityRatio=1.0, seed=1).fit(train)
     >>> balanced = model.sample(train)   # explicit; transform() passes rows through
+    >>> balanced.count() < train.count() == model.transform(train).count()
+    True
     """
 
     @keyword_only
