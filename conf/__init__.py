@@ -5,15 +5,16 @@ the library's own defaults (the estimator's) are these settings, so each default
 """
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.resources
 
 import yaml
 
 
-@functools.lru_cache(maxsize=None)
 def base_section(section: str) -> dict:
-    """One top-level section of the shipped ``base/pipeline.yaml``, parsed.
+    """One top-level section of the shipped ``base/pipeline.yaml``, parsed (a copy: the
+    caller may change it).
 
     Read through :mod:`importlib.resources`, so it works from a checkout, a wheel and a
     ``--py-files`` zip alike.
@@ -21,8 +22,13 @@ def base_section(section: str) -> dict:
     >>> base_section("train")["strategy"]
     'horovod'
     """
-    text = importlib.resources.files(__name__).joinpath("base", "pipeline.yaml").read_text(encoding="utf-8")
-    tree = yaml.safe_load(text) or {}
+    tree = _base()
     if section not in tree:
         raise KeyError(f"the shipped conf/base/pipeline.yaml has no section {section!r}")
-    return dict(tree[section])
+    return copy.deepcopy(tree[section])
+
+
+@functools.lru_cache(maxsize=1)
+def _base() -> dict:
+    text = importlib.resources.files(__name__).joinpath("base", "pipeline.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text) or {}

@@ -75,7 +75,7 @@ def find_export(export: str | None, output_dir: str | None) -> str:
                           f"(<output>/{EXPORT_DIR}/<run id>)")
         return os.path.abspath(export)
     root = os.path.join(output_dir, EXPORT_DIR)
-    run_export = f"`python -m sparkdeep.jobs.export --output-dir {output_dir}`"
+    run_export = f"`sparkdeep export --output-dir {output_dir}`"
     latest = read_json(Paths.under(output_dir).latest)
     if latest and Models.PIPELINE in latest.get("models", {}):
         folder = os.path.join(root, promoted_export_id(latest))

@@ -199,8 +199,10 @@ def _build(cls: type, tree: Mapping, prefix: str, file: str):
 
 #: The first word of every Spark SQL data type a DDL column may have (case ignored).
 _DDL_TYPES = frozenset("""boolean tinyint byte smallint short int integer bigint long float real double decimal dec
-numeric date timestamp timestamp_ntz timestamp_ltz string varchar char binary array map struct interval void
-variant""".split())
+numeric date time timestamp timestamp_ntz timestamp_ltz string varchar char character binary array map struct
+interval void variant geometry geography""".split())
+#: A whole-schema ``STRUCT<...>``, which Spark's DDL reader also takes.
+_DDL_STRUCT = re.compile(r"\s*struct\s*<(.*)>\s*", re.IGNORECASE | re.DOTALL)
 _DDL_NAME = re.compile(r"\s*(`(?:[^`]|``)+`|[A-Za-z0-9_]+)\s*:?\s*([A-Za-z_]+)?")
 
 
@@ -218,12 +220,22 @@ def ddl_problem(schema: str) -> str | None:
     """
     if not schema.strip():
         return None
-    parts, depth, quote, start = [], 0, "", 0
+    whole = _DDL_STRUCT.fullmatch(schema)
+    if whole:
+        schema = whole.group(1)
+    parts, depth, quote, start, escaped, comment = [], 0, "", 0, False, False
     for i, ch in enumerate(schema):
-        if quote:
-            quote = "" if ch == quote else quote
+        if comment:  # a -- comment runs to the end of its line
+            comment = ch != "\n"
+        elif escaped:
+            escaped = False
+        elif quote:
+            escaped = ch == "\\" and quote != "`"
+            quote = "" if ch == quote and not escaped else quote
         elif ch in "`'\"":
             quote = ch
+        elif ch == "-" and schema[i + 1:i + 2] == "-":
+            comment = True
         elif ch in "<(":
             depth += 1
         elif ch in ">)":
@@ -239,7 +251,7 @@ def ddl_problem(schema: str) -> str | None:
     for n, part in enumerate(parts, 1):
         if not part.strip():
             return f"column {n} is empty (two commas in a row, or one at an end)"
-        m = _DDL_NAME.match(part)
+        m = _DDL_NAME.match(re.sub(r"--[^\n]*", "", part) if "--" in part and "`" not in part else part)
         word = m.group(2) if m else None
         if not m or not word:
             return f"column {n} ({part.strip()!r}) is not a name followed by a type"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from sparkdeep.storage import Storage
+
+log = logging.getLogger(__name__)
 
 
 class UnsafeModelError(ValueError):
@@ -101,18 +104,38 @@ def registered_classes() -> frozenset[str]:
     """
     names: set[str] = set()
     for ep in _entry_points():
-        owner = ep.module.rpartition(".")[0] or ep.module
-        listed = ep.load()
-        if not isinstance(listed, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                       for k, v in listed.items()):
-            raise UnsafeModelError(f"entry point {ep.name!r} ({ep.value}) in {SAVED_CLASSES_GROUP}: must name a "
-                                   "mapping of module names to space-separated class names")
-        for module, classes in listed.items():
-            if module != owner and not module.startswith(owner + "."):
-                raise UnsafeModelError(f"entry point {ep.name!r} ({ep.value}) in {SAVED_CLASSES_GROUP}: lists "
-                                       f"module {module!r}, outside its own package {owner!r}")
-            names |= _names(module, classes)
+        try:
+            names |= _registered_by(ep)
+        except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop every model load
+            log.warning("model_store: entry point %r (%s) in %s left out, its classes refused: %s",
+                        ep.name, ep.value, SAVED_CLASSES_GROUP, exc)
     return frozenset(names)
+
+
+def _registered_by(ep) -> frozenset[str]:
+    """The classes one entry point lists, after its rules: a mapping of module names to class
+    names, each module inside the entry point's own package, none in :data:`_RESERVED`, and
+    sparkdeep's names from sparkdeep's distribution only."""
+    where = f"entry point {ep.name!r} ({ep.value}) in {SAVED_CLASSES_GROUP}"
+    owner = ep.module.rpartition(".")[0] or ep.module
+    listed = ep.load()
+    if not isinstance(listed, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in listed.items()):
+        raise UnsafeModelError(f"{where}: must name a mapping of module names to space-separated class names")
+    dist = (getattr(getattr(ep, "dist", None), "name", "") or "").lower()
+    for module in listed:
+        if module != owner and not module.startswith(owner + "."):
+            raise UnsafeModelError(f"{where}: lists module {module!r}, outside its own package {owner!r}")
+        top = module.split(".")[0]
+        if top in _RESERVED or (top == __name__.split(".")[0] and dist != top):
+            raise UnsafeModelError(f"{where}: lists module {module!r}; classes of {top!r} are allowed here or by "
+                                   "its own distribution only")
+    return frozenset().union(*(_names(m, c) for m, c in listed.items()))
+
+
+#: Namespaces whose classes only this module's own list allows (MLlib's JVM and Python
+#: names, XGBoost's, Py4J's): a registration cannot widen it to, say, SQLTransformer.
+_RESERVED = frozenset({"org", "pyspark", "xgboost", "py4j", "builtins"})
 
 
 def _entry_points() -> list:
@@ -220,9 +243,11 @@ def _check_stage(spark: SparkSession, folder: str, found: list[tuple[str, str]])
             raise UnsafeModelError(f"{folder}/metadata: field {extra[0]!r} is pickled code or a file xgboost.spark "
                                    "would load; sparkdeep's XGBoost stages never write it (refused)")
     found.append((folder, cls))
-    if cls not in _PIPELINES:
+    # A pipeline, or any class saved in MLlib's pipeline layout (SamplingPipeline does):
+    # the stages under it are checked too, whoever registered the class.
+    uids = meta.get("paramMap", {}).get("stageUids") if isinstance(meta.get("paramMap"), dict) else None
+    if cls not in _PIPELINES and uids is None:
         return
-    uids = meta.get("paramMap", {}).get("stageUids")
     if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
         raise UnsafeModelError(f"{folder}/metadata: paramMap.stageUids must be a list of strings, got {uids!r}")
     for index, uid in enumerate(uids):

@@ -24,13 +24,13 @@ _ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|exc|obj|const):`(
 
 def markdown_roles(text: str) -> str:
     """The docstring with each reST role as a Markdown code span (``:func:`a.f``` -> `` `a.f` ``;
-    a ``~`` keeps the last name only, as Sphinx shows it): Markdown pages would show the
-    role as typed.
+    a ``~`` keeps the last name only and a relative ``.name`` loses its dot, as Sphinx shows
+    them): Markdown pages would show the role as typed.
 
     >>> markdown_roles("see :func:`sparkdeep.conf.base_section` and :class:`~a.b.C`")
     'see `sparkdeep.conf.base_section` and `C`'
     """
-    return _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
+    return _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2).lstrip('.')}`", text)
 
 
 def mapped_packages(root: Path = ROOT) -> dict[str, Path]:

@@ -439,6 +439,20 @@ def test_names_the_ddl_and_the_filter_are_checked_before_writing(spark, tmp_path
     assert not os.path.exists(tmp_path / "out" / "tables")
 
 
+@pytest.mark.parametrize("schema", [
+    "id BIGINT, `price (usd)` DECIMAL(10, 2), tags ARRAY<STRING>, m MAP<STRING, INT>, s STRUCT<x: INT, y: STRING>",
+    "a CHARACTER(10), b VARCHAR(3), c CHAR(2)", "a INT NOT NULL COMMENT 'it\\'s, <odd>('", "struct<a: INT, b: STRING>",
+    "a INT, -- a note, with a comma\n b DOUBLE", "`a``b` INT, `x.y z` DATE, 1st TIMESTAMP, d INTERVAL DAY TO SECOND",
+    "a: int, b: string",
+])
+def test_valid_ddl_passes_the_driver_check_as_spark_parses_it(spark, schema):
+    from pyspark.sql import types as T
+
+    from sparkdeep.dataset import ddl_problem
+    assert ddl_problem(schema) is None
+    assert isinstance(T._parse_datatype_string(schema), T.StructType)
+
+
 @pytest.mark.parametrize("schema, why", [
     ("id INT, y DUBBLE,, x", r"column 2 \('y DUBBLE'\): 'DUBBLE' is not a Spark SQL type"),
     ("id INT, income usd DOUBLE", r"'usd' is not a Spark SQL type.*backticks \(`income.usd` DOUBLE\)"),

@@ -182,14 +182,19 @@ def test_model_store_imports_no_stage_code():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-#: What a misbehaving entry point could list: a class of another package (SQLTransformer runs SQL).
+#: What misbehaving entry points could list: another package's class (SQLTransformer runs
+#: SQL); not a mapping; MLlib's JVM names from a module called ``org``; sparkdeep's names
+#: from another distribution.
 OTHERS = {"pyspark.ml.feature": "SQLTransformer"}
 NOT_A_MAPPING = ["sparkdeep.transformers.pca.CenteredPCA"]
+JVM_NAMES = {"org.apache.spark.ml.feature": "SQLTransformer"}
+OURS_FROM_ELSEWHERE = {"sparkdeep.transformers.evil": "Evil"}
 
 
 def test_the_stage_packages_register_their_classes_and_only_their_own(monkeypatch):
     """The allow-list's sparkdeep names come from the owning package's entry point (core
-    names none); an entry point listing another package's class, or not a mapping, is refused."""
+    names none). An entry point that breaks a rule is left out with a warning naming it
+    (one broken plugin does not stop every model load), and its classes stay refused."""
     from importlib.metadata import EntryPoint
 
     from sparkdeep.transformers._saved import SAVED_CLASSES
@@ -199,16 +204,36 @@ def test_the_stage_packages_register_their_classes_and_only_their_own(monkeypatc
     assert listed == {c for c in model_store.ALLOWED_CLASSES if c.startswith("sparkdeep.")}
     assert model_store.registered_classes() == listed
 
-    def only(value):
+    for value, why in [("tests.security.test_model_store:OTHERS", "outside its own package 'tests.security'"),
+                       ("tests.security.test_model_store:NOT_A_MAPPING", "must name a mapping of module names"),
+                       ("org.reg:JVM_NAMES", "classes of 'org' are allowed here or by its own distribution only"),
+                       ("sparkdeep.transformers.reg:OURS_FROM_ELSEWHERE", "classes of 'sparkdeep' are allowed")]:
+        module, _, attr = value.partition(":")
         ep = EntryPoint(name="plugin", value=value, group=model_store.SAVED_CLASSES_GROUP)
-        monkeypatch.setattr(model_store, "_entry_points", lambda: [ep])
-    only("tests.security.test_model_store:OTHERS")
-    with pytest.raises(UnsafeModelError, match=r"lists module 'pyspark.ml.feature', outside its own package "
-                                               r"'tests.security'"):
-        model_store.registered_classes()
-    only("tests.security.test_model_store:NOT_A_MAPPING")
-    with pytest.raises(UnsafeModelError, match="must name a mapping of module names"):
-        model_store.registered_classes()
+        loaded = globals()[attr]
+        monkeypatch.setattr(EntryPoint, "load", lambda self, loaded=loaded: loaded)
+        monkeypatch.setattr(model_store, "_entry_points", lambda ep=ep: [ep])
+        warned: list[str] = []
+        monkeypatch.setattr(model_store.log, "warning", lambda msg, *args: warned.append(msg % args))
+        assert model_store.registered_classes() == frozenset()
+        assert len(warned) == 1 and f"entry point 'plugin' ({value})" in warned[0] and why in warned[0], warned
+
+
+def test_the_stages_inside_any_container_class_are_checked(spark, tmp_path, sentinel):
+    """A registered class saved in MLlib's pipeline layout (SamplingPipeline) holds stages of
+    its own: they pass the same checks before MLlib would import them."""
+    from sparkdeep.transformers.sampling import ClassBalanceSampler, SamplingPipeline
+    name, marker = sentinel
+    path = str(tmp_path / "sampling")
+    SamplingPipeline(stages=[ClassBalanceSampler(labelCol="label"),
+                             StringIndexer(inputCol="cat", outputCol="cat_idx")]).write().save(path)
+    assert [c for _, c in model_store.check(spark, path)] == [
+        "sparkdeep.transformers.sampling.SamplingPipeline", "sparkdeep.transformers.sampling.ClassBalanceSampler",
+        "org.apache.spark.ml.feature.StringIndexer"]
+    edit_metadata(stage(path, 1), set_class(f"{name}.Evil"))
+    with pytest.raises(UnsafeModelError, match=rf"class '{name}\.Evil' in its metadata is not one"):
+        model_store.load(spark, path)
+    assert name not in sys.modules and not marker.exists()
 
 
 @pytest.mark.slow  # builds the wheel and its zip (scripts/package.sh)

@@ -6,6 +6,7 @@ import pytest
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import StandardScaler, VectorAssembler
 from pyspark.ml.functions import vector_to_array
+from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
 from sparkdeep.transformers.keras import network
@@ -418,6 +419,19 @@ def test_a_model_saved_under_an_earlier_name_loads_and_scores_the_same(spark, fi
             assert got[key][1] == pred and abs(got[key][0] - p) < 1e-6, (key, got[key], p)
 
 
+def test_a_validation_column_replaces_the_default_fraction_and_not_one_set(spark):
+    """validationFraction's default (conf/base's 0.1) gives way to a validationCol; a
+    fraction set as well is the error it always was."""
+    df = spark.createDataFrame([(Vectors.dense([float(i)]), float(i % 2), i % 5 == 0) for i in range(20)],
+                               ["features", "label", "held"])
+    est = DistributedKerasEstimator(validationCol="held")
+    assert est.getOrDefault("validationFraction") == 0.1 and est.validation_share() == 0.0
+    est._validate(df)
+    with pytest.raises(ValueError, match="set validationCol or validationFraction, not both"):
+        DistributedKerasEstimator(validationCol="held", validationFraction=0.2)._validate(df)
+    assert DistributedKerasEstimator().validation_share() == 0.1
+
+
 @pytest.mark.slow
 def test_columns_named_with_dots_and_backticks_train_and_score(cancer):
     """A column name is a name, never a path: dots and backticks in the features, label,
@@ -425,7 +439,7 @@ def test_columns_named_with_dots_and_backticks_train_and_score(cancer):
     named = cancer.select(F.col("features").alias("f.eat`s"), F.col("label").alias("la.bel"),
                           F.lit(1.0).alias("w.t"), (F.col("id") % 10 == 0).alias("is.val"))
     est = _estimator(featuresCol="f.eat`s", labelCol="la.bel", weightCol="w.t", validationCol="is.val",
-                     validationFraction=0.0, numProc=1, epochs=1)
+                     numProc=1, epochs=1)
     model = est.fit(named)
     scored = model.transform(named)
     assert scored.where(F.col("prediction").isNull()).count() == 0

@@ -153,7 +153,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
         if not 0 <= frac < 1:
             raise ValueError(f"validationFraction must be in [0, 1), got {frac}")
-        if vcol and frac:
+        if vcol and frac and self.isSet(self.validationFraction):
             raise ValueError("set validationCol or validationFraction, not both")
         if vcol and (vcol not in schema.fieldNames() or not isinstance(schema[vcol].dataType, T.BooleanType)):
             raise ValueError(f"validationCol {vcol!r} must be a boolean column of the input")
@@ -236,7 +236,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         cols = [feats.alias(Staged.FEATURES), F.col(quoted(lcol)).cast("float").alias(Staged.LABEL)]
         if wcol:
             cols.append(F.col(quoted(wcol)).cast("float").alias(Staged.WEIGHT))
-        frac, vcol = self.getOrDefault(self.validationFraction), self.getOrDefault(self.validationCol)
+        frac, vcol = self.validation_share(), self.getOrDefault(self.validationCol)
         if vcol:
             cols.append(F.coalesce(F.col(quoted(vcol)), F.lit(False)).alias(Staged.IS_VALIDATION))
         rid = self.getOrDefault(self.rowIdCol)

@@ -206,7 +206,8 @@ class ValidationParams(Params):
                                "seeded hash (rowIdCol); 0 = none",
                                typeConverter=TypeConverters.toFloat)
     validationCol = Param(Params._dummy(), "validationCol",
-                          "boolean column marking validation rows ('' = use validationFraction)",
+                          "boolean column marking validation rows ('' = use validationFraction; set, the "
+                          "default validationFraction does not apply)",
                           typeConverter=TypeConverters.toString)
     rowIdCol = Param(Params._dummy(), "rowIdCol",
                      "column that tells rows apart (a key), hashed to draw each row's side of the "
@@ -221,6 +222,11 @@ class ValidationParams(Params):
         super().__init__(*args)
         self._setDefault(validationCol="", rowIdCol="",
                          **conf_defaults("validationFraction", "earlyStoppingPatience"))
+
+    def validation_share(self) -> float:
+        """The ``validationFraction`` a fit draws: none when ``validationCol`` marks the rows
+        (the default fraction then does not apply; a fraction set as well is an error)."""
+        return 0.0 if self.getOrDefault(self.validationCol) else self.getOrDefault(self.validationFraction)
 
 class CheckpointParams(Params):
     """Per-epoch checkpoints under checkpointDir/runId; fit with the same runId resumes."""
