@@ -226,12 +226,46 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         return (data if data is not None else keras_to_bytes(net)), layers
 
     def _fit(self, dataset: DataFrame) -> "DistributedKerasModel":
+        """Check, stage, resume or launch, summarise: each step is a method below."""
         self._validate(dataset)
         t_launch = time.time()
-        num_proc = self.getNumProc()
-        fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
-        wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
+        staged, has_validation = self._staged(dataset)
+        staged, checked, skipped = self._checked_rows(staged)
+        model_bytes, layers = self._network(checked["width"], checked)
+        folder = self.checkpoint_folder()
+        signature = checkpoint_signature(
+            input_dim=checked["width"], rows=checked["rows"] - skipped, task=self.getTask(),
+            loss=self.getOrDefault(self.loss).lower(), optimizer=self.getOrDefault(self.optimizer),
+            weighted=bool(self._weight_col()), network=layers,
+            validation=self.getOrDefault(self.validationCol) or self.validation_share()) if folder else None
+        resume = read_checkpoint(folder) if folder else None
+        if resume:
+            check_signature(folder, self.getOrDefault(self.runId), resume["signature"], signature)
+            finished = self._finished_run(resume, checked["width"], skipped)
+            if finished is not None:
+                return finished
+        spec = self._rank_spec(model_bytes, has_validation, folder, resume)
+        if resume:
+            log.info("[train] resuming run %r after epoch %s",
+                     self.getOrDefault(self.runId), resume['completed_epochs'])
+        t_staged = time.time()
+        spill = ShardSpill(split_col=Staged.IS_VALIDATION if has_validation else None,
+                           chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
+        results = run_on_ranks(rank_loop.train_rank, (spec,), num_proc=self.getNumProc(), data=staged, spill=spill,
+                               stall_timeout=self.getOrDefault(self.stallTimeout),
+                               on_put=CheckpointStore(folder, signature) if folder else None,
+                               backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
+        summary = _summary(results, spec, resume, input_dim=checked["width"], skipped=skipped,
+                           times=(t_launch, t_staged, time.time()))
+        return self._model(results[0].model_bytes, summary)
 
+    def _weight_col(self) -> str | None:
+        return self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
+
+    def _staged(self, dataset: DataFrame) -> tuple[DataFrame, bool]:
+        """The input as the ranks read it (float arrays, float labels and weights, the
+        validation mark), and whether it has validation rows."""
+        fcol, lcol, wcol = self.getFeaturesCol(), self.getLabelCol(), self._weight_col()
         feats = float_arrays(dataset.schema, fcol)
         cols = [feats.alias(Staged.FEATURES), F.col(quoted(lcol)).cast("float").alias(Staged.LABEL)]
         if wcol:
@@ -251,8 +285,14 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
                                   purpose="validation")
             staged = drawn.select(*[c for c in staged.columns if c != _ROW_ID],
                                   (F.col(_DRAW) < frac).alias(Staged.IS_VALIDATION))
-        # One pass on the driver's orders, before any shard is written or rank started:
-        # vector lengths, unusable rows, and the label range the task needs.
+        return staged, bool(vcol or frac)
+
+    def _checked_rows(self, staged: DataFrame) -> tuple[DataFrame, dict, int]:
+        """One pass on the driver's orders, before any shard is written or rank started:
+        vector lengths, unusable rows (raised or skipped, counted), the label range the task
+        needs, and enough rows and batches for every rank."""
+        fcol, lcol, wcol = self.getFeaturesCol(), self.getLabelCol(), self._weight_col()
+        num_proc = self.getNumProc()
         checked = check_training_rows(staged, fcol, wcol)
         staged, skipped = apply_handle_invalid(staged, checked, self.getHandleInvalid(), fcol, lcol, wcol)
         usable = checked["rows"] - skipped
@@ -260,50 +300,37 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
             raise ValueError(f"DistributedKerasEstimator: {usable} usable training row(s) for numProc={num_proc}: every "
                              "rank needs rows of its own; lower numProc")
         accum = self.getOrDefault(self.accumulationSteps)
-        per_rank_batches = math.ceil(usable * (1.0 - frac) / num_proc / self.getBatchSize())
+        per_rank_batches = math.ceil(usable * (1.0 - self.validation_share()) / num_proc / self.getBatchSize())
         if per_rank_batches < accum:
             raise ValueError(f"accumulationSteps={accum} needs {accum} batches per epoch on every rank, but "
                              f"{usable} rows over numProc={num_proc} ranks make about {per_rank_batches} batch(es) "
                              f"of {self.getBatchSize()} each: lower accumulationSteps or batchSize")
-        model_bytes, layers = self._network(checked["width"], checked)
-        task = self.getTask()
+        return staged, checked, skipped
 
-        folder = self.checkpoint_folder()
-        signature = checkpoint_signature(
-            input_dim=checked["width"], rows=usable, task=task, loss=self.getOrDefault(self.loss).lower(),
-            optimizer=self.getOrDefault(self.optimizer), weighted=bool(wcol), network=layers,
-            validation=vcol or frac) if folder else None
-        resume = read_checkpoint(folder) if folder else None
-        if resume:
-            check_signature(folder, self.getOrDefault(self.runId), resume["signature"], signature)
-        stopped = bool((resume.get("stopping") or {}).get("stopped")) if resume else False
-        # A run that stopped early is finished; one that ran its epochs resumes if asked for more.
-        if resume and (stopped or resume["completed_epochs"] >= self.getEpochs()):
-            ended = (f"stopped early after {resume['completed_epochs']} epochs" if stopped else
-                     f"completed {resume['completed_epochs']} epochs")
-            log.info("[train] run %r already %s: loading its checkpoint", self.getOrDefault(self.runId), ended)
-            model = DistributedKerasModel(kerasBytes=resume["model_bytes"],
-                                      trainingSummary={"history": resume["history"],
-                                                       "stopped_early": bool((resume.get("stopping") or {})
-                                                                             .get("stopped")),
-                                                       "resumed_from_epoch":
-                                                       resume["completed_epochs"], "ranks": [], "timings_s": {},
-                                                       "skipped_rows": skipped, "task": task,
-                                                       "input_dim": checked["width"],
-                                                       # the strategy asked for now (the checkpoint's
-                                                       # weights are valid under any of them)
-                                                       "strategy": self.getOrDefault(self.strategy),
-                                                       "local_steps": self.getOrDefault(self.localSteps)
-                                                       if strategy_takes(self.getOrDefault(self.strategy),
-                                                                         "local_steps") else None})
-            self._copyValues(model)
-            model._set(task=task)
-            return model
+    def _finished_run(self, resume: dict, input_dim: int, skipped: int) -> "DistributedKerasModel | None":
+        """The checkpoint's model when its run is finished (stopped early, or ran the epochs
+        asked for now); None when it resumes."""
+        stopped = bool((resume.get("stopping") or {}).get("stopped"))
+        if not (stopped or resume["completed_epochs"] >= self.getEpochs()):
+            return None
+        ended = f"stopped early after {resume['completed_epochs']} epochs" if stopped else \
+            f"completed {resume['completed_epochs']} epochs"
+        log.info("[train] run %r already %s: loading its checkpoint", self.getOrDefault(self.runId), ended)
+        strategy = self.getOrDefault(self.strategy)
+        return self._model(resume["model_bytes"], {
+            "history": resume["history"], "stopped_early": stopped,
+            "resumed_from_epoch": resume["completed_epochs"], "ranks": [], "timings_s": {},
+            "skipped_rows": skipped, "task": self.getTask(), "input_dim": input_dim,
+            # the strategy asked for now (the checkpoint's weights are valid under any of them)
+            "strategy": strategy,
+            "local_steps": self.getOrDefault(self.localSteps) if strategy_takes(strategy, "local_steps") else None})
 
-        input_dim = checked["width"]
-        has_validation = bool(vcol or frac)
-        spec = RankSpec(
-            model_bytes=model_bytes, task=task, loss=self.getOrDefault(self.loss).lower(),
+    def _rank_spec(self, model_bytes: bytes, has_validation: bool, folder: str | None,
+                   resume: dict | None) -> RankSpec:
+        """What every rank is told: the network, the task, the schedule and the strategy."""
+        num_proc = self.getNumProc()
+        return RankSpec(
+            model_bytes=model_bytes, task=self.getTask(), loss=self.getOrDefault(self.loss).lower(),
             optimizer=self.getOrDefault(self.optimizer), learning_rate=self.getLearningRate(),
             scale_lr=self.getOrDefault(self.scaleLearningRate), warmup_epochs=self.getOrDefault(self.warmupEpochs),
             lr_schedule=self.getOrDefault(self.lrSchedule), epochs=self.getEpochs(),
@@ -311,62 +338,60 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
             accumulation_steps=self.getOrDefault(self.accumulationSteps),
             compression=self.getOrDefault(self.compression), metrics=tuple(self.getOrDefault(self.metrics)),
             early_stopping_patience=self.getOrDefault(self.earlyStoppingPatience), seed=self.getOrDefault(self.seed),
-            threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(wcol), has_validation=has_validation,
+            threads=max(1, (os.cpu_count() or 1) // num_proc), has_weight=bool(self._weight_col()),
+            has_validation=has_validation,
             shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), strategy=self.getOrDefault(self.strategy),
             local_steps=self.getOrDefault(self.localSteps), measure_wait=self.getOrDefault(self.measureWait),
             checkpoint_dir=folder, resume=resume, trace_dir=self.getOrDefault(self.traceDir) or None,
             trace_epoch=self.getOrDefault(self.traceEpoch) if self.getOrDefault(self.traceDir) else 0)
-        if resume:
-            log.info("[train] resuming run %r after epoch %s",
-                     self.getOrDefault(self.runId), resume['completed_epochs'])
-        t_staged = time.time()
-        spill = ShardSpill(split_col=Staged.IS_VALIDATION if has_validation else None,
-                           chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
-        results = run_on_ranks(rank_loop.train_rank, (spec,), num_proc=num_proc, data=staged, spill=spill,
-                               stall_timeout=self.getOrDefault(self.stallTimeout),
-                               on_put=CheckpointStore(folder, signature) if folder else None,
-                               backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
-        t_done = time.time()
 
-        chief = results[0]
-        first_step = min(r.timings.first_step for r in results)
-        train_start = min(r.timings.train_start for r in results)
-        summary = {
-            "history": chief.history,
-            "ranks": [r.report() for r in results],
-            "strategy": spec.strategy,
-            "local_steps": spec.local_steps if strategy_takes(spec.strategy, "local_steps") else None,
-            "staleness": chief.staleness,
-            "profile": profile_summary(results),
-            "steps_per_epoch": chief.steps_per_epoch,
-            "updates_per_epoch": chief.updates_per_epoch,
-            "stopped_early": chief.stopped_early,
-            # Rows no rank used in an epoch (larger shards beyond the smallest's step count).
-            "trimmed_rows_per_epoch": sum(r.trimmed_per_epoch for r in results),
-            "shuffle_buffer_rows": spec.shuffle_buffer_rows,
-            "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
-            "input_dim": input_dim,
-            "task": task,
-            "skipped_rows": skipped,
-            "timings_s": {
-                "checks": round(t_staged - t_launch, 3),
-                "launch_to_first_step": round(first_step - t_launch, 3),
-                "training": round(max(r.timings.end for r in results) - train_start, 3),
-                # Rank 0's time handing each epoch's checkpoint to the driver (inside "training").
-                "checkpoints": chief.timings.checkpoints,
-                "fit_total": round(t_done - t_launch, 3),
-                # After the last step: results and the model back to the driver, processes and stage ended.
-                "teardown": round(t_done - max(r.timings.end for r in results), 3),
-            },
-            # Where the launch went, part by part (transformers/keras/profile.LAUNCH_PARTS).
-            "launch_s": launch_breakdown(t_launch, t_staged, [
-                {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
-                for r in results]),
-        }
-        model = DistributedKerasModel(kerasBytes=chief.model_bytes, trainingSummary=summary)
+    def _model(self, keras_bytes: bytes, summary: dict) -> "DistributedKerasModel":
+        model = DistributedKerasModel(kerasBytes=keras_bytes, trainingSummary=summary)
         self._copyValues(model)
-        model._set(task=task)
+        model._set(task=self.getTask())
         return model
+
+
+def _summary(results: list, spec: RankSpec, resume: dict | None, *, input_dim: int, skipped: int,
+             times: tuple[float, float, float]) -> dict:
+    """The fitted model's ``trainingSummary`` from every rank's result."""
+    t_launch, t_staged, t_done = times
+    chief = results[0]
+    first_step = min(r.timings.first_step for r in results)
+    train_start = min(r.timings.train_start for r in results)
+    last_step = max(r.timings.end for r in results)
+    return {
+        "history": chief.history,
+        "ranks": [r.report() for r in results],
+        "strategy": spec.strategy,
+        "local_steps": spec.local_steps if strategy_takes(spec.strategy, "local_steps") else None,
+        "staleness": chief.staleness,
+        "profile": profile_summary(results),
+        "steps_per_epoch": chief.steps_per_epoch,
+        "updates_per_epoch": chief.updates_per_epoch,
+        "stopped_early": chief.stopped_early,
+        # Rows no rank used in an epoch (larger shards beyond the smallest's step count).
+        "trimmed_rows_per_epoch": sum(r.trimmed_per_epoch for r in results),
+        "shuffle_buffer_rows": spec.shuffle_buffer_rows,
+        "resumed_from_epoch": resume["completed_epochs"] if resume else 0,
+        "input_dim": input_dim,
+        "task": spec.task,
+        "skipped_rows": skipped,
+        "timings_s": {
+            "checks": round(t_staged - t_launch, 3),
+            "launch_to_first_step": round(first_step - t_launch, 3),
+            "training": round(last_step - train_start, 3),
+            # Rank 0's time handing each epoch's checkpoint to the driver (inside "training").
+            "checkpoints": chief.timings.checkpoints,
+            "fit_total": round(t_done - t_launch, 3),
+            # After the last step: results and the model back to the driver, processes and stage ended.
+            "teardown": round(t_done - last_step, 3),
+        },
+        # Where the launch went, part by part (transformers/keras/profile.LAUNCH_PARTS).
+        "launch_s": launch_breakdown(t_launch, t_staged, [
+            {**r.timings.launch, "first_step": r.timings.first_step} if r.timings.launch else None
+            for r in results]),
+    }
 
 
 #: The estimator's name before it was named for every strategy (it trained with Horovod only).
