@@ -81,12 +81,12 @@ def test_each_member_is_trained_on_its_own_loss():
     import keras
     import tensorflow as tf
 
-    from sparkdeep.transformers.keras.rank_loop import _column_target, objective
+    from sparkdeep.transformers.keras.rank_loop import column_target, objective
     keras.utils.set_random_seed(6)
     net = tabular_regressor(input_dim=5, numeric_dim=3, cardinalities=CARDS, hidden_units=(8,), ensemble=3,
                             dropout=0.0, target_mean=10.0, target_scale=2.0)
     x, y, w = rows(12), np.linspace(5, 15, 12).astype("float32"), np.linspace(0.5, 2, 12).astype("float32")
-    loss, pred = objective(net, keras.losses.get("mse"), _column_target)(x, y, w)
+    loss, pred = objective(net, keras.losses.get("mse"), column_target)(x, y, w)
     members = np.asarray(keras.Model(net.inputs, net.get_layer(ENSEMBLE_MEAN).input)(x))[:, :, 0]
     # Mean over rows and members of each member's weighted squared error ...
     want = np.mean((members - y[:, None]) ** 2 * w[:, None])
@@ -96,7 +96,7 @@ def test_each_member_is_trained_on_its_own_loss():
     np.testing.assert_allclose(np.asarray(pred)[:, 0], members.mean(axis=1), rtol=1e-5)
     # A single network's objective is the plain weighted loss.
     single = tabular_regressor(input_dim=5, numeric_dim=3, cardinalities=CARDS, hidden_units=(8,), dropout=0.0)
-    loss1, pred1 = objective(single, keras.losses.get("mse"), _column_target)(x, y, w)
+    loss1, pred1 = objective(single, keras.losses.get("mse"), column_target)(x, y, w)
     np.testing.assert_allclose(float(loss1), np.mean((np.asarray(pred1)[:, 0] - y) ** 2 * w), rtol=1e-5)
     assert isinstance(loss1, tf.Tensor)
 

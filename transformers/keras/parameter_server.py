@@ -217,12 +217,10 @@ class Coordinator:
         import keras
         import tensorflow as tf
 
-        from sparkdeep.transformers._faults import after_epoch_hook
-
-        from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
+        from .checkpoints import load_optimizer_state
         from .feed import TRAIN, VALIDATION
         from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-        from .rank_loop import EarlyStopping, _class_target, _column_target, objective, require_finite
+        from .rank_loop import EpochLoop, class_target, column_target, objective
 
         spec: RankSpec = self.ps.spec
         ps, updates, batch = self.ps, self.updates, self.batch
@@ -233,7 +231,6 @@ class Coordinator:
         strategy, coordinator = self._connect()
         resume = spec.resume
         start_epoch = int(resume["completed_epochs"]) if resume else 0
-        epochs = int(spec.epochs)
         with strategy.scope():
             model = keras_from_bytes(resume["model_bytes"] if resume else spec.model_bytes)
             optimizer = keras.optimizers.get({"class_name": spec.optimizer,
@@ -248,7 +245,7 @@ class Coordinator:
         if resume:
             load_optimizer_state(optimizer, resume["optimizer_bytes"])
         loss_fn = keras.losses.get(spec.loss)
-        target = _class_target if spec.task == "multiclass" else _column_target
+        target = class_target if spec.task == "multiclass" else column_target
         step_loss = objective(model, loss_fn, target)
         width = int(model.inputs[0].shape[-1])
         record_bytes = 4 * (width + 2)
@@ -307,14 +304,11 @@ class Coordinator:
 
         # Per update a worker reads every weight and sends a gradient of the same size.
         exchange = 2 * sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-        monitor = "val_loss" if spec.has_validation else "loss"
-        history = list(resume["history"]) if resume else []
-        stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history,
-                                 saved=resume.get("stopping") if resume else None,
-                                 best_weights=best_weights_from(resume.get("best_bytes")) if resume else None)
-        after_epoch = after_epoch_hook()
-        checkpoint_s, t_first, t_train0 = 0.0, None, time.time()
-        for epoch in range(start_epoch, epochs):
+        loop = EpochLoop(spec, model, optimizer, rank=0, has_validation=spec.has_validation)
+        t_first, t_train0 = None, time.time()
+
+        def one_epoch(epoch: int) -> dict:
+            nonlocal t_first
             t0 = time.time()
             for v in (stale_hist, *sums):
                 v.assign(tf.zeros_like(v))
@@ -343,31 +337,18 @@ class Coordinator:
                 record["val_loss"] = float(sums[2].numpy()) / max(float(sums[3].numpy()), 1.0)
                 for m in val_metrics:
                     record[f"val_{m.name}"] = float(m.result())
-            require_finite(record, epoch + 1)
-            history.append(record)
-            stop = stopping.update(record, model.get_weights)
-            if stop:
-                stopping.restore(model)
+            return record
+
+        def describe(record: dict, left: float) -> None:
             extra = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("val_") or
                              k in (m.name for m in train_metrics))
             log.info("[train] epoch %s/%s loss=%.4f %s samples/s=%.0f staleness mean=%.2f max=%s (%.1fs, ~%.0fs "
-                     "left)",
-                     epoch + 1, epochs, record['loss'], extra, record['samples_per_s'], record['staleness_mean'],
-                     record['staleness_max'], seconds, (epochs - epoch - 1) * seconds)
-            if spec.checkpoint_dir:
-                t_ck = time.time()
-                send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
-                                                   "finished": stop or epoch + 1 == epochs,
-                                                   "stopping": stopping.state()},
-                                best_weights=None if stop else stopping.best_weights)
-                checkpoint_s += time.time() - t_ck
-            on_workers(tell, tf.constant(json.dumps({"epoch": epoch + 1})))
-            if after_epoch:
-                after_epoch(0, epoch + 1)
-            if stop:
-                log.info("[train] early stop: %s has not improved for %s epochs", monitor, stopping.patience)
-                break
-        stopping.restore(model)
+                     "left)", record["epoch"], loop.epochs, record["loss"], extra, record["samples_per_s"],
+                     record["staleness_mean"], record["staleness_max"], record["seconds"], left)
+
+        # The workers wait on this file after each epoch: go on, or stop (the last tell says done).
+        loop.run(one_epoch, describe, notify=lambda epochs: on_workers(tell, tf.constant(json.dumps({"epoch": epochs}))))
+        history, stopping, checkpoint_s = loop.history, loop.stopping, loop.checkpoint_s
         t_end = time.time()
         # The trained network as a plain model (no parameter-server variables in the file).
         plain = keras_from_bytes(spec.model_bytes)

@@ -9,8 +9,10 @@ to the task's local disk (``SPARKDEEP_RANK_DATA``), streamed by :mod:`.feed`.
 
 The pieces are small and testable alone: the feed (:mod:`.feed`), the learning-rate
 schedule (:func:`learning_rate_at`), early stopping (:class:`EarlyStopping`), the step
-(:class:`Steps`) and the epoch loop (:func:`run_epoch`), which takes the all-reduce as a
-function, so a test can run it in one process with an identity all-reduce.
+(:class:`Steps`) and one epoch's updates (:func:`run_epoch`), which takes the all-reduce as
+a function, so a test can run it in one process with an identity all-reduce. The epochs
+themselves (history, early stopping, rank 0's line and checkpoint, the failure hook) are
+:class:`EpochLoop`, which every strategy runs, the parameter server's coordinator too.
 
 How the ranks agree is the spec's ``strategy`` (:mod:`.strategies`: Horovod's ring
 all-reduce, TensorFlow's collective all-reduce, or local SGD); this module imports neither
@@ -139,15 +141,91 @@ class EarlyStopping:
             model.set_weights(self.best_weights)
 
 
+class EpochLoop:
+    """The epochs, as every strategy runs them: the history (a resumed run's first), early
+    stopping with the best epoch's weights, rank 0's line and checkpoint after each epoch,
+    the injected-failure hook of the tests, and the early-stop line. How an epoch trains
+    and validates is the strategy's: :meth:`run` takes it as a function.
+
+    Parameters
+    ----------
+    spec : RankSpec
+        The epochs, patience, checkpoint folder and resumed state.
+    model, optimizer
+        What a checkpoint saves; the model also gets the best weights back.
+    rank : int
+        This rank; rank 0 logs and checkpoints.
+    has_validation : bool
+        Early stopping watches ``val_loss`` when there are validation rows, else ``loss``.
+    """
+
+    def __init__(self, spec: RankSpec, model, optimizer, *, rank: int, has_validation: bool):
+        resume = spec.resume
+        self.spec, self.model, self.optimizer, self.rank = spec, model, optimizer, rank
+        self.history: list[dict] = list(resume["history"]) if resume else []
+        self.start_epoch = int(resume["completed_epochs"]) if resume else 0
+        self.epochs = int(spec.epochs)
+        self.monitor = "val_loss" if has_validation else "loss"
+        self.stopping = EarlyStopping(self.monitor, int(spec.early_stopping_patience), self.history,
+                                      saved=resume.get("stopping") if resume else None,
+                                      best_weights=best_weights_from(resume.get("best_bytes")) if resume else None)
+        self.checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
+        self._after_epoch = after_epoch_hook()  # None unless a test injects a failure
+
+    def run(self, one_epoch: Callable[[int], dict], describe: Callable[[dict, float], None],
+            notify: Callable[[int], None] | None = None) -> None:
+        """Train the epochs left: ``one_epoch(epoch)`` (0-based) trains and validates one and
+        returns its record (``seconds`` among its keys); rank 0 then calls
+        ``describe(record, seconds_left)`` and checkpoints; ``notify(epochs_done)``, when
+        given, runs after the checkpoint on rank 0. The best weights are back in the model
+        at the end when training stopped early."""
+        for epoch in range(self.start_epoch, self.epochs):
+            record = one_epoch(epoch)
+            require_finite(record, epoch + 1)
+            self.history.append(record)
+            stop = self.stopping.update(record, self.model.get_weights)
+            if stop:
+                self.stopping.restore(self.model)  # before the last checkpoint: a reload gets the best epoch's weights
+            if self.rank == 0:
+                describe(record, (self.epochs - epoch - 1) * record["seconds"])
+                self._checkpoint(epoch + 1, finished=stop or epoch + 1 == self.epochs, stopped=stop)
+                if notify is not None:
+                    notify(epoch + 1)
+            if self._after_epoch:
+                self._after_epoch(self.rank, epoch + 1)
+            if stop:
+                if self.rank == 0:
+                    log.info("[train] early stop: %s has not improved for %s epochs", self.monitor,
+                             self.stopping.patience)
+                break
+        self.stopping.restore(self.model)
+
+    def _checkpoint(self, completed: int, *, finished: bool, stopped: bool) -> None:
+        if not self.spec.checkpoint_dir:
+            return
+        t0 = time.time()
+        send_checkpoint(self.model, self.optimizer, {"completed_epochs": completed, "history": self.history,
+                                                     "finished": finished, "stopping": self.stopping.state()},
+                        best_weights=None if stopped else self.stopping.best_weights)
+        self.checkpoint_s += time.time() - t0
+
+
+#: A record's keys the epoch line shows in its own words (the rest are metrics, printed as name=value).
+_RECORD_TIMES = frozenset({"epoch", "loss", "seconds", "samples_per_s", "learning_rate", "input_s", "compute_s",
+                           "allreduce_s", "wait_s", "comm_bytes", "idle_s", "cpu_percent", "gflop_s"})
+
+
 def _identity(grads: list) -> list:
     return grads
 
 
-def _class_target(yb):
+def class_target(yb):
+    """A multiclass label batch as the loss takes it (class indices)."""
     return yb
 
 
-def _column_target(yb):
+def column_target(yb):
+    """A binary or regression label batch as the loss takes it (one column)."""
     return yb[:, None]
 
 
@@ -192,7 +270,7 @@ class Steps:
         import tensorflow as tf
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         # Integer class labels against k outputs; otherwise one column per row.
-        self.target = target = _class_target if task == "multiclass" else _column_target
+        self.target = target = class_target if task == "multiclass" else column_target
         self.metrics = metrics = list(metrics)
         step_loss = objective(model, loss_fn, target)
 
@@ -417,18 +495,10 @@ def train_rank(spec: RankSpec) -> RankResult:
     def after_update() -> bool:
         return strategy.after_update(model, update_no)
 
-    after_epoch = after_epoch_hook()  # None unless a test injects a failure
-    history = list(resume["history"]) if resume else []
-    start_epoch = int(resume["completed_epochs"]) if resume else 0
-    epochs = int(spec.epochs)
-    monitor = "val_loss" if val_feed is not None else "loss"
-    stopping = EarlyStopping(monitor, int(spec.early_stopping_patience), history,
-                             saved=resume.get("stopping") if resume else None,
-                             best_weights=best_weights_from(resume.get("best_bytes")) if resume else None)
+    loop = EpochLoop(spec, model, optimizer, rank=rank, has_validation=val_feed is not None)
     t_first_step = None
-    checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
     t_train0 = time.time()
-    update_no = start_epoch * updates
+    update_no = loop.start_epoch * updates
     seen_rows, profile = [], []
 
     def set_lr() -> float:
@@ -439,7 +509,8 @@ def train_rank(spec: RankSpec) -> RankResult:
         optimizer.learning_rate.assign(lr)
         return lr
 
-    for epoch in range(start_epoch, epochs):
+    def one_epoch(epoch: int) -> dict:
+        nonlocal t_first_step
         t0 = time.time()
         bytes_before = strategy.bytes
         trace.begin(epoch + 1)
@@ -478,36 +549,19 @@ def train_rank(spec: RankSpec) -> RankResult:
             record["val_loss"] = float(sums[0] / max(float(sums[1]), 1.0))
             for m in val_metrics:
                 record[f"val_{m.name}"] = strategy.average(m.result())
-        require_finite(record, epoch + 1)
-        history.append(record)
-        stop = stopping.update(record, model.get_weights)
-        finished = stop or epoch + 1 == epochs
-        if stop:
-            stopping.restore(model)  # before the last checkpoint: a reload gets the best epoch's weights
-        if rank == 0:
-            left = (epochs - epoch - 1) * seconds
-            extra = " ".join(f"{k}={v:.4f}" for k, v in record.items()
-                             if k not in ("epoch", "loss", "seconds", "samples_per_s", "learning_rate",
-                                          "input_s", "compute_s", "allreduce_s", "wait_s", "comm_bytes",
-                                          "idle_s", "cpu_percent", "gflop_s"))
-            log.info("[train] epoch %s/%s loss=%.4f %s samples/s=%.0f input=%.1fs compute=%.1fs allreduce=%.1fs "
-                     "%sidle=%.1fs cpu=%.0f%% %.1f GFLOP/s (%.1fs, ~%.0fs left)",
-                     epoch + 1, epochs, record["loss"], extra, record["samples_per_s"], done["input_s"],
-                     done["compute_s"], done["allreduce_s"], f"wait={done['wait_s']:.1f}s " if spec.measure_wait else "",
-                     epoch_profile["idle_s"], epoch_profile["cpu_percent"], epoch_profile["gflop_s"], seconds, left)
-            if spec.checkpoint_dir:
-                t_ck = time.time()
-                send_checkpoint(model, optimizer, {"completed_epochs": epoch + 1, "history": history,
-                                               "finished": finished, "stopping": stopping.state()},
-                            best_weights=None if stop else stopping.best_weights)
-                checkpoint_s += time.time() - t_ck
-        if after_epoch:
-            after_epoch(rank, epoch + 1)
-        if stop:
-            if rank == 0:
-                log.info("[train] early stop: %s has not improved for %s epochs", monitor, stopping.patience)
-            break
-    stopping.restore(model)
+        return record
+
+    def describe(record: dict, left: float) -> None:
+        extra = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in _RECORD_TIMES)
+        log.info("[train] epoch %s/%s loss=%.4f %s samples/s=%.0f input=%.1fs compute=%.1fs allreduce=%.1fs "
+                 "%sidle=%.1fs cpu=%.0f%% %.1f GFLOP/s (%.1fs, ~%.0fs left)",
+                 record["epoch"], loop.epochs, record["loss"], extra, record["samples_per_s"], record["input_s"],
+                 record["compute_s"], record["allreduce_s"],
+                 f"wait={record['wait_s']:.1f}s " if spec.measure_wait else "",
+                 record["idle_s"], record["cpu_percent"], record["gflop_s"], record["seconds"], left)
+
+    loop.run(one_epoch, describe)
+    history, stopping, checkpoint_s = loop.history, loop.stopping, loop.checkpoint_s
     t_end = time.time()
     feed.close()
     if val_feed is not None:
