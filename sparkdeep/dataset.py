@@ -223,11 +223,13 @@ def ddl_problem(schema: str) -> str | None:
     whole = _DDL_STRUCT.fullmatch(schema)
     if whole:
         schema = whole.group(1)
-    parts, depth, quote, start, escaped, comment = [], 0, "", 0, False, False
+    # One pass: split at top-level commas, with -- comments left out of each column's text.
+    parts, current, depth, quote, escaped, comment = [], [], 0, "", False, False
     for i, ch in enumerate(schema):
         if comment:  # a -- comment runs to the end of its line
             comment = ch != "\n"
-        elif escaped:
+            continue
+        if escaped:
             escaped = False
         elif quote:
             escaped = ch == "\\" and quote != "`"
@@ -236,6 +238,7 @@ def ddl_problem(schema: str) -> str | None:
             quote = ch
         elif ch == "-" and schema[i + 1:i + 2] == "-":
             comment = True
+            continue
         elif ch in "<(":
             depth += 1
         elif ch in ">)":
@@ -243,15 +246,17 @@ def ddl_problem(schema: str) -> str | None:
             if depth < 0:
                 return f"an unmatched {ch!r} at character {i + 1}"
         elif ch == "," and depth == 0:
-            parts.append(schema[start:i])
-            start = i + 1
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
     if quote or depth:
         return f"an unclosed {quote}" if quote else "an unclosed '<' or '('"
-    parts.append(schema[start:])
+    parts.append("".join(current))
     for n, part in enumerate(parts, 1):
         if not part.strip():
             return f"column {n} is empty (two commas in a row, or one at an end)"
-        m = _DDL_NAME.match(re.sub(r"--[^\n]*", "", part) if "--" in part and "`" not in part else part)
+        m = _DDL_NAME.match(part)
         word = m.group(2) if m else None
         if not m or not word:
             return f"column {n} ({part.strip()!r}) is not a name followed by a type"

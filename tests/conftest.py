@@ -14,6 +14,13 @@ from sparkdeep.logs import install_default  # noqa: E402
 install_default()
 
 
+def _ci_spark_settings() -> dict:
+    import yaml
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "ci", "spark.yaml")
+    with open(path) as fh:
+        return dict(yaml.safe_load(fh)["spark"]["settings"])
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from sparkdeep.config import SparkConfig
@@ -30,11 +37,11 @@ def spark(tmp_path_factory):
         "spark.task.maxFailures": "1",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.databricks.delta.snapshotPartitions": "2",
-        # As conf/ci: small tables, no code compiled per query stage (less CPU, the same results).
-        "spark.sql.codegen.wholeStage": "false",
         "spark.sql.warehouse.dir": str(base / "warehouse"),
         "spark.local.dir": str(base / "local"),
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",
+        # conf/ci's own settings for small tables (no code compiled per query stage), from their one home.
+        **_ci_spark_settings(),
     })
     session = builder(conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
