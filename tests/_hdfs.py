@@ -14,6 +14,8 @@ import signal
 import subprocess
 import time
 
+from tests.conftest import ci_java_options
+
 
 class MiniHDFS:
     def __init__(self, repo_root: str, work_dir: str):
@@ -31,7 +33,7 @@ class MiniHDFS:
         os.makedirs(self.work_dir, exist_ok=True)
         details = os.path.join(self.work_dir, "details.json")
         java = shutil.which("java") or "java"
-        cmd = [java, "-Xmx512m", f"-Dtest.build.data={os.path.join(self.work_dir, 'data')}",
+        cmd = [java, "-Xmx512m", *ci_java_options().split(), f"-Dtest.build.data={os.path.join(self.work_dir, 'data')}",
                "-cp", os.path.join(lib, "*"), "org.apache.hadoop.test.MiniDFSClusterManager",
                "-format", "-nnport", "0", "-httpport", "0", "-D", "dfs.permissions.enabled=false",
                "-D", "dfs.replication=1", "-writeDetails", details,

@@ -15,6 +15,8 @@ import subprocess
 import time
 import urllib.request
 
+from tests.conftest import ci_java_options
+
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports: every socket is held open until all are bound, so the
@@ -55,7 +57,7 @@ class StandaloneCluster:
         log = os.path.join(self.work_dir, f"{name}.log")
         self.logs.append(log)
         env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_NO_DAEMONIZE": "1"}
+               "SPARK_NO_DAEMONIZE": "1", "SPARK_DAEMON_JAVA_OPTS": ci_java_options()}
         with open(log, "w") as fh:
             self.procs.append(subprocess.Popen([os.path.join(self.spark_home, "bin", "spark-class"), *args],
                                                stdout=fh, stderr=subprocess.STDOUT, env=env,

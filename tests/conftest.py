@@ -21,6 +21,13 @@ def _ci_spark_settings() -> dict:
         return dict(yaml.safe_load(fh)["spark"]["settings"])
 
 
+def ci_java_options() -> str:
+    """conf/ci's JVM options (the first JIT tier only), for every JVM the tests start: the
+    session's, the pipelines' (they read conf/ci themselves), MiniDFS's and the standalone
+    cluster's."""
+    return _ci_spark_settings().get("spark.driver.extraJavaOptions", "")
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from sparkdeep.config import SparkConfig
@@ -39,9 +46,10 @@ def spark(tmp_path_factory):
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(base / "warehouse"),
         "spark.local.dir": str(base / "local"),
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",
-        # conf/ci's own settings for small tables (no code compiled per query stage), from their one home.
+        # conf/ci's own settings for small tables (no code compiled per query stage, the JIT's
+        # first tier), from their one home.
         **_ci_spark_settings(),
+        "spark.driver.extraJavaOptions": f"{ci_java_options()} -Dderby.system.home={base / 'derby'}".strip(),
     })
     session = builder(conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

@@ -9,6 +9,7 @@ import pyspark
 import pytest
 
 from tests._standalone import StandaloneCluster
+from tests.conftest import ci_java_options
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +32,9 @@ def test_pipeline_under_spark_submit_on_a_standalone_cluster(cluster, repo_root,
     out = tmp_path / "out"
     cmd = ["bash", os.path.join(repo_root, "scripts", "submit.sh"), "--master", cluster.url,
            "--conf", "spark.cores.max=2", "--conf", "spark.executor.memory=2g",
+           # conf/ci's JIT tier for the driver and executors (submit.sh's log4j option kept).
+           "--driver-java-options", f"{ci_java_options()} -Dlog4j2.configurationFile=file://{repo_root}/conf/log4j2.properties",
+           "--conf", f"spark.executor.extraJavaOptions={ci_java_options()}",
            "pipeline", "--env", "cluster", "--output-dir", str(out), "--run-id", "on-cluster", *CI]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=str(tmp_path))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
