@@ -22,9 +22,9 @@ def _ci_spark_settings() -> dict:
 
 
 def ci_java_options() -> str:
-    """conf/ci's JVM options (the first JIT tier only), for every JVM the tests start: the
-    session's, the pipelines' (they read conf/ci themselves), MiniDFS's and the standalone
-    cluster's."""
+    """conf/ci's JVM options (the first JIT tier only), for the short-lived JVMs the tests
+    start: the pipelines' (they read conf/ci themselves), MiniDFS's and the standalone
+    cluster's; not the session's (see :func:`spark`)."""
     return _ci_spark_settings().get("spark.driver.extraJavaOptions", "")
 
 
@@ -46,10 +46,12 @@ def spark(tmp_path_factory):
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(base / "warehouse"),
         "spark.local.dir": str(base / "local"),
-        # conf/ci's own settings for small tables (no code compiled per query stage, the JIT's
-        # first tier), from their one home.
-        **_ci_spark_settings(),
-        "spark.driver.extraJavaOptions": f"{ci_java_options()} -Dderby.system.home={base / 'derby'}".strip(),
+        # conf/ci's own settings for small tables (no code compiled per query stage), from their
+        # one home; but not its JIT option: this JVM lives the whole run, and C2's code pays
+        # for itself here (with C1 only the modules fitting pipelines in this session took
+        # 30-45% longer in a full run; bench/RESULTS.md).
+        **{k: v for k, v in _ci_spark_settings().items() if not k.endswith("extraJavaOptions")},
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",
     })
     session = builder(conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -64,6 +66,19 @@ def repo_root():
 
 _AIRFLOW: dict = {}
 
+#: The heaviest modules' seconds in a full run (junit times, 2026-12-07): they start first,
+#: longest first, so that the two workers end together instead of one finishing a long
+#: module alone (the standalone cluster's module ran last, 190 s, on one worker). Only the
+#: order matters; a module not listed starts after these, in collection order.
+_MODULE_SECONDS = {
+    "tests.jobs.test_runs_end_to_end": 665, "tests.jobs.test_tasks_end_to_end": 477,
+    "tests.transformers.test_strategies": 439, "tests.jobs.test_wide_tables": 435, "tests.test_storage": 373,
+    "tests.jobs.test_shapes": 308, "tests.jobs.test_datasets": 306, "tests.pipelines.test_baselines": 268,
+    "tests.transformers.test_invalid_inputs": 246, "tests.pipelines.test_tune": 220, "tests.test_notebooks": 211,
+    "tests.jobs.test_standalone_cluster": 192, "tests.transformers.test_keras_estimator": 190,
+    "tests.transformers.test_pca": 184, "tests.transformers.test_selection": 180, "tests.jobs.test_cli": 163,
+}
+
 
 def pytest_collection_modifyitems(session, config, items):
     """Modules with slow tests first, each module's tests kept together (module fixtures are
@@ -75,7 +90,11 @@ def pytest_collection_modifyitems(session, config, items):
     (measured: ~100 s on a clean clone, otherwise spent inside the test run)."""
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")
                     and getattr(item, "module", None) is not None}
-    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "") not in slow_modules)
+
+    def order(item):
+        name = getattr(getattr(item, "module", None), "__name__", "")
+        return name not in slow_modules, -_MODULE_SECONDS.get(name, 0)
+    items.sort(key=order)
     if session is None or any(item.nodeid.startswith("tests/test_scheduling.py")
                               and "airflow_python" in getattr(item, "fixturenames", ()) for item in items):
         import subprocess
