@@ -88,6 +88,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, warmupEpochs=t.warmup_epochs,
         lrSchedule=t.lr_schedule, strategy=t.strategy, stallTimeout=t.stall_timeout,
+        shardEmbeddingsAbove=t.shard_embeddings_above,
         # Defaults a strategy does not take stay unset (its declaration says which: registry.STRATEGY_RULES).
         localSteps=t.local_steps if strategy_takes(t.strategy, "local_steps") else None,
         scaleLearningRate=t.scale_learning_rate if strategy_takes(t.strategy, "scale_learning_rate") else None,

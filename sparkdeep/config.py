@@ -58,6 +58,7 @@ class PrepareConfig:
     pca: bool               # project the (numeric, for embedding) selected block with PCA
     numeric_buckets: int    # embedding: also each number's quantile bin as an embedded index (0 = off)
     min_category_count: int = 1  # embedding: levels seen fewer times share the unseen/null index (1 = keep all)
+    hash_buckets: int = 0   # embedding: a column of more levels is hashed into this many buckets (0 = never)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +85,7 @@ class TrainConfig:
     strategy: str           # how the ranks agree: horovod, collective, local_sgd or parameter_server (STRATEGY_RULES)
     local_steps: int        # local_sgd: updates each rank takes alone between weight averages
     stall_timeout: float    # seconds without a rank's heartbeat before fit fails naming it
+    shard_embeddings_above: int  # bytes: a larger embedding table is split by rows across the ranks (0 = never)
     trace: bool             # TensorFlow profiler (epoch 2, else 1) and Horovod timeline beside the run's reports
 
 
@@ -208,6 +210,8 @@ class Config:
             ("prepare.numeric_buckets", self.prepare.numeric_buckets == 0 or 2 <= self.prepare.numeric_buckets <= 1000),
             ("prepare.min_category_count", self.prepare.min_category_count >= 1 and (
                 self.prepare.min_category_count == 1 or self.prepare.encoding == "embedding")),
+            ("prepare.hash_buckets", self.prepare.hash_buckets == 0 or (
+                2 <= self.prepare.hash_buckets <= Choices.MAX_HASH_BUCKETS and self.prepare.encoding == "embedding")),
             ("train.normalization", self.train.normalization in Choices.NORMALIZATIONS),
             ("train.numeric_embedding", self.train.numeric_embedding in Choices.NUMERIC_EMBEDDINGS),
             ("train.ensemble", 0 <= self.train.ensemble <= 64),
@@ -228,6 +232,7 @@ class Config:
             ("train.strategy", self.train.strategy in STRATEGY_RULES),
             ("train.local_steps", self.train.local_steps >= 1),
             ("train.stall_timeout", 0 < self.train.stall_timeout < float("inf")),
+            ("train.shard_embeddings_above", self.train.shard_embeddings_above >= 0),
             ("train.warmup_epochs", self.train.warmup_epochs >= 0),
             ("baselines.models", len(set(self.baselines.models)) == len(self.baselines.models) and all(
                 m in (tasks.BASELINES[task] if task else {n for v in tasks.BASELINES.values() for n in v})
@@ -254,6 +259,9 @@ class Config:
                    "train.strategy": f"one of {list(STRATEGY_RULES)}",
                    "train.compression": f"one of {list(Choices.COMPRESSIONS)}",
                    "train.stall_timeout": "a finite number of seconds > 0",
+                   "train.shard_embeddings_above": "a number of bytes >= 0 (0 = never split a table)",
+                   "prepare.hash_buckets": "0 (every level its own index), or 2 to 2^30 buckets with "
+                                           "prepare.encoding embedding",
                    "train.local_steps": "an integer >= 1 (updates between weight averages; used by "
                                         "train.strategy local_sgd only)",
                    "train.batch_size": "rows per rank per step, or 0 to choose it from the training row count",

@@ -58,6 +58,8 @@ class Choices:
     # tune: which trials stop early (pipelines/tune.py): below the median of the finished trials at
     # the same epoch, Optuna's successive halving (asynchronous), or none (every trial runs its epochs).
     PRUNERS = ("median", "successive_halving", "none")
+    # prepare.hash_buckets / HashIndexer: the most buckets a column may have (its table's rows stay int32).
+    MAX_HASH_BUCKETS = 2 ** 30
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ STRATEGY_SETTINGS: dict[str, StrategySetting] = {s.key: s for s in (
     StrategySetting("scale_learning_rate", "scaleLearningRate", False,
                     "the learning rate times the ranks, as one step of every rank is one update", where_taken=True),
     StrategySetting("measure_wait", "measureWait", False, "a barrier timed before each exchange"),
+    StrategySetting("shard_embeddings_above", "shardEmbeddingsAbove", 0,
+                    "embedding tables above this many bytes split by rows across the ranks"),
 )}
 
 
@@ -101,7 +105,8 @@ class StrategyRule:
 
 STRATEGY_RULES: dict[str, StrategyRule] = {r.name: r for r in (
     StrategyRule("horovod", "horovod", "ring all-reduce of the gradients every update, through Horovod",
-                 frozenset({"compression", "accumulation_steps", "scale_learning_rate", "measure_wait"})),
+                 frozenset({"compression", "accumulation_steps", "scale_learning_rate", "measure_wait",
+                            "shard_embeddings_above"})),
     StrategyRule("collective", "tensorflow", "TensorFlow's collective all-reduce of the gradients every update, no Horovod",
                  frozenset({"accumulation_steps", "scale_learning_rate", "measure_wait"})),
     StrategyRule("local_sgd", "tensorflow", "each rank alone, weights averaged every {local_steps} updates",

@@ -169,12 +169,15 @@ def test_values_that_would_fail_late_are_config_errors(conf, override, key):
     (["train.strategy=parameter_server", "train.accumulation_steps=2"], "train.accumulation_steps"),
     (["train.strategy=parameter_server", "train.compression=fp16"], "train.compression"),
     (["train.stall_timeout=0"], "train.stall_timeout"),
+    (["train.strategy=local_sgd", "train.shard_embeddings_above=1000000"], "train.shard_embeddings_above"),
+    (["train.shard_embeddings_above=-1"], "train.shard_embeddings_above"),
 ])
 def test_a_strategy_and_params_it_does_not_use_are_refused_before_any_step(conf, overrides, key):
     with pytest.raises(ConfigError, match=rf"'{key}'.*(out of range|applies to .*, not train.strategy=)"):
         load_config(conf, overrides=overrides)
     assert load_config(conf, overrides=["train.strategy=local_sgd", "train.local_steps=4"]).train.local_steps == 4
     assert load_config(conf, overrides=["train.compression=fp16"]).train.strategy == "horovod"
+    assert load_config(conf, overrides=["train.shard_embeddings_above=1000000"]).train.shard_embeddings_above == 10**6
     # The default scale_learning_rate (true) does not stop parameter_server: the train job
     # passes it to the synchronous strategies only.
     assert load_config(conf, overrides=["train.strategy=parameter_server"]).train.scale_learning_rate is True

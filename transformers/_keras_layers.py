@@ -79,16 +79,27 @@ class ColumnEmbeddings(keras.layers.Layer):
     def build(self, input_shape=None):
         if self.built:
             return
-        cards = np.asarray(self.cardinalities, dtype="int64")
-        for width, cols, rows in self._groups:
-            table = self.add_weight(shape=(rows, width), name=f"table_w{width}", trainable=True,
-                                    initializer=keras.initializers.RandomUniform(-_INIT_RANGE, _INIT_RANGE))
-            # Each column's last row (offset + cardinality - 1) is its unseen/null bucket: zero.
-            keep = np.ones((rows, 1), dtype="float32")
-            keep[self._offsets[cols] + cards[cols] - 1] = 0.0
-            table.assign(ops.multiply(table, ops.convert_to_tensor(keep, dtype=table.dtype)))
-            self.tables.append(table)
+        for g in range(len(self._groups)):
+            self.tables.append(self._new_table(g))
         self.built = True
+
+    def _new_table(self, g: int):
+        """Table ``g`` (of :attr:`_groups`), initialised: U(-0.05, 0.05), each column's last
+        row (offset + cardinality - 1, its unseen/null bucket) zero."""
+        width, cols, rows = self._groups[g]
+        cards = np.asarray(self.cardinalities, dtype="int64")
+        table = self.add_weight(shape=(rows, width), name=f"table_w{width}", trainable=True,
+                                initializer=keras.initializers.RandomUniform(-_INIT_RANGE, _INIT_RANGE))
+        keep = np.ones((rows, 1), dtype="float32")
+        keep[self._offsets[cols] + cards[cols] - 1] = 0.0
+        table.assign(ops.multiply(table, ops.convert_to_tensor(keep, dtype=table.dtype)))
+        return table
+
+    def _lookup(self, g: int, table, rows):
+        """Rows ``rows`` (``(batch, columns)`` of table ``g``'s row numbers) of ``table``:
+        ``(batch, columns, width)``. A rank holding 1/N of the table replaces this
+        (:mod:`sparkdeep.transformers.keras.sharding`)."""
+        return ops.take(table, rows, axis=0)
 
     def call(self, indices):
         x = ops.cast(indices, "float32")
@@ -98,9 +109,9 @@ class ColumnEmbeddings(keras.layers.Layer):
         idx = ops.minimum(ops.maximum(idx, 0), ops.convert_to_tensor(self._top_int))
         idx = ops.add(idx, ops.convert_to_tensor(self._offsets))
         parts = []
-        for (width, cols, _), table in zip(self._groups, self.tables):
+        for g, ((width, cols, _), table) in enumerate(zip(self._groups, self.tables)):
             sub = idx if len(cols) == len(self.dims) else ops.take(idx, ops.convert_to_tensor(cols), axis=1)
-            vectors = ops.take(table, sub, axis=0)  # (batch, columns of this width, width)
+            vectors = self._lookup(g, table, sub)  # (batch, columns of this width, width)
             parts.append(ops.reshape(vectors, (-1, len(cols) * width)))
         out = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
         if not self._identity_order:

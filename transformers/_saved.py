@@ -18,6 +18,7 @@ SAVED_CLASSES: dict[str, str] = {
     "sparkdeep.transformers.pca": "CenteredPCA CenteredPCAModel",
     "sparkdeep.transformers.columns": "ColumnRenamer WideAssembler",
     "sparkdeep.transformers.quantiles": "MedianImputer QuantileBinner",
+    "sparkdeep.transformers.hashing": "HashIndexer",
     # the network's stage, and its name before it was named for every strategy (saved models name it)
     "sparkdeep.transformers.keras.model": "DistributedKerasModel KerasHorovodModel",
     # the path before the ``keras`` package split, which saved models name

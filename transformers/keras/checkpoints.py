@@ -14,7 +14,8 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
     """Rank 0 hands the epoch's checkpoint to the driver, which stores it under the run's
     checkpoint folder, local or not (:class:`CheckpointStore`):
     the model and optimizer files of the epoch (and early stopping's best weights so far)
-    first, then ``state.json`` naming them."""
+    first, then ``state.json`` naming them. ``optimizer`` is the optimizer or its variables'
+    values in order (a rank with split tables passes them whole)."""
     import io
 
     import numpy as np
@@ -22,7 +23,8 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
     from sparkdeep.channel import put
     epoch_folder = f"epoch-{int(state['completed_epochs']):04d}"
     buffer = io.BytesIO()
-    np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
+    values = optimizer if isinstance(optimizer, list) else optimizer.variables
+    np.savez(buffer, **{f"v{i}": np.asarray(v) for i, v in enumerate(values)})
     put(f"{epoch_folder}/model.keras", keras_to_bytes(model))
     put(f"{epoch_folder}/optimizer.npz", buffer.getvalue())
     if best_weights is not None:
@@ -34,12 +36,17 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
 def load_optimizer_state(optimizer, data: bytes) -> None:
     """Put a checkpoint's ``optimizer.npz`` (written by :func:`send_checkpoint`) back into
     ``optimizer``'s variables, in order."""
+    for var, value in zip(optimizer.variables, optimizer_arrays(data, len(optimizer.variables))):
+        var.assign(value)
+
+
+def optimizer_arrays(data: bytes, count: int) -> list:
+    """The first ``count`` arrays of a checkpoint's ``optimizer.npz``, in order."""
     import io
 
     import numpy as np
     with np.load(io.BytesIO(data), allow_pickle=False) as saved:
-        for i, var in enumerate(optimizer.variables):
-            var.assign(saved[f"v{i}"])
+        return [saved[f"v{i}"] for i in range(int(count))]
 
 
 def best_weights_from(data: bytes | None):

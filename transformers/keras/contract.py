@@ -43,6 +43,7 @@ class RankSpec:
     strategy: str
     local_steps: int
     measure_wait: bool
+    shard_embeddings_above: int  # bytes; a larger embedding table is split across the ranks (0 = none is)
     checkpoint_dir: str | None = None
     # Optional deep traces (not a training setting): TensorFlow's profiler over epoch
     # ``trace_epoch`` of each rank and Horovod's timeline, under ``trace_dir`` ('' = none).
@@ -55,6 +56,8 @@ class RankSpec:
         for name in ("epochs", "batch_size", "accumulation_steps", "shuffle_buffer_rows", "threads", "local_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"RankSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.shard_embeddings_above) < 0:
+            raise ValueError(f"RankSpec.shard_embeddings_above must be >= 0, got {self.shard_embeddings_above}")
         if int(self.schedule_epochs) < int(self.epochs):
             raise ValueError(f"RankSpec.schedule_epochs must be >= epochs={self.epochs}, got {self.schedule_epochs}")
         if self.compression not in Choices.COMPRESSIONS or self.lr_schedule not in Choices.LR_SCHEDULES:
@@ -65,7 +68,7 @@ class RankSpec:
             raise ValueError(f"RankSpec: {exc}") from None
         conflicts = strategy_conflicts(self.strategy, {
             "compression": self.compression, "accumulation_steps": self.accumulation_steps,
-            "measure_wait": self.measure_wait})
+            "measure_wait": self.measure_wait, "shard_embeddings_above": self.shard_embeddings_above})
         if conflicts:
             raise ValueError("RankSpec: " + "; ".join(conflicts.values()))
 
@@ -120,10 +123,15 @@ class RankResult:
     # Per epoch, this rank's own profile (:mod:`.profile`): the time split, CPU, FLOP/s, memory.
     profile: list | None = None
     flops_per_sample: int | None = None  # the network's estimated training FLOPs per sample
+    # Each embedding table split across the ranks: its shape and what this rank held of it
+    # (rows_held, bytes_held; :meth:`.sharding.RankShards.held`).
+    sharded: list | None = None
+    variable_bytes: int | None = None  # the rank's model and optimizer variables when training ended
+    peak_rss_mb: float | None = None   # the rank process's peak resident memory, its trained network saved
 
     def report(self) -> dict:
         """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""
         keys = ("rank", "rows", "validation_rows", "rows_per_epoch", "trimmed_per_epoch", "rows_seen",
                 "max_window_rows", "weights_digest", "allreduce_calls", "allreduce_bytes", "devices", "code_path",
-                "horovod_imported", "os_threads")
+                "horovod_imported", "os_threads", "sharded", "variable_bytes", "peak_rss_mb")
         return {k: getattr(self, k) for k in keys}

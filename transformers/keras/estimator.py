@@ -87,7 +87,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
                  shuffleBufferRows: int | None = None, seed: int | None = None, handleInvalid: str | None = None,
                  stallTimeout: float | None = None, strategy: str | None = None, localSteps: int | None = None,
                  measureWait: bool | None = None, traceDir: str | None = None, traceEpoch: int | None = None,
-                 softLabels: bool | None = None):
+                 softLabels: bool | None = None, shardEmbeddingsAbove: int | None = None):
         super().__init__()
         self._setDefault(seed=42, softLabels=False)
         self._model_bytes: bytes | None = None
@@ -185,6 +185,9 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         strategy's own declaration (:data:`sparkdeep.registry.STRATEGY_RULES`) says which."""
         if self.getOrDefault(self.localSteps) < 1:
             raise ValueError(f"localSteps must be >= 1, got {self.getOrDefault(self.localSteps)}")
+        if self.getOrDefault(self.shardEmbeddingsAbove) < 0:
+            raise ValueError(f"shardEmbeddingsAbove must be >= 0 bytes (0 = never split a table), got "
+                             f"{self.getOrDefault(self.shardEmbeddingsAbove)}")
         given = {key: self.getOrDefault(self.getParam(s.param)) for key, s in STRATEGY_SETTINGS.items()
                  if self.isSet(self.getParam(s.param))}
         conflicts = strategy_conflicts(self.getOrDefault(self.strategy), given)
@@ -342,7 +345,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
             has_validation=has_validation,
             shuffle_buffer_rows=self.getOrDefault(self.shuffleBufferRows), strategy=self.getOrDefault(self.strategy),
             local_steps=self.getOrDefault(self.localSteps), measure_wait=self.getOrDefault(self.measureWait),
-            checkpoint_dir=folder, resume=resume, trace_dir=self.getOrDefault(self.traceDir) or None,
+            shard_embeddings_above=self.getOrDefault(self.shardEmbeddingsAbove), checkpoint_dir=folder, resume=resume, trace_dir=self.getOrDefault(self.traceDir) or None,
             trace_epoch=self.getOrDefault(self.traceEpoch) if self.getOrDefault(self.traceDir) else 0)
 
     def _model(self, keras_bytes: bytes, summary: dict) -> "DistributedKerasModel":

@@ -230,6 +230,10 @@ class ShardFeed:
         if window and emitted < steps:
             yield from drain(final=True)
 
+    def sequential_batches(self, chunk: int = 4096) -> int:
+        """How many batches :meth:`sequential` gives, without reading them."""
+        return sum(-(-int(n) // chunk) for n in self.chunks)
+
     def sequential(self, chunk: int = 4096) -> Iterator[tuple]:
         """Every row once, in file order, at most ``chunk`` rows at a time (validation)."""
         for i in range(len(self.chunks)):

@@ -23,7 +23,7 @@ FROM_CONF_BASE = {
     "accumulationSteps": "accumulation_steps", "compression": "compression",
     "scaleLearningRate": "scale_learning_rate", "warmupEpochs": "warmup_epochs", "stallTimeout": "stall_timeout",
     "lrSchedule": "lr_schedule", "strategy": "strategy", "localSteps": "local_steps",
-    "shuffleBufferRows": "shuffle_buffer_rows",
+    "shuffleBufferRows": "shuffle_buffer_rows", "shardEmbeddingsAbove": "shard_embeddings_above",
 }
 
 
@@ -153,6 +153,12 @@ class RunParams(Params):
                         "time a barrier before each update's exchange, so the time waiting for the other ranks "
                         "is reported apart from sending (wait_s; costs one small collective per update)",
                         typeConverter=TypeConverters.toBoolean)
+    shardEmbeddingsAbove = Param(Params._dummy(), "shardEmbeddingsAbove",
+                                 "bytes (>= 0; 0 = never): an embedding table of the tabular network larger than "
+                                 "this is split by rows across the ranks, each holding and updating 1/numProc of "
+                                 "it and of its optimizer slots, its rows exchanged all-to-all (model "
+                                 "parallelism; strategy 'horovod'); the saved model holds the whole table",
+                                 typeConverter=TypeConverters.toInt)
     traceDir = Param(Params._dummy(), "traceDir",
                      "folder for optional deep traces ('' = none): TensorFlow's profiler over epoch traceEpoch "
                      "of each rank (rank-<n>/, TensorBoard's profile tab) and Horovod's timeline "
@@ -171,7 +177,7 @@ class RunParams(Params):
         self._setDefault(scheduleEpochs=0, batchSize=256, measureWait=False, traceDir="", traceEpoch=2,
                          **conf_defaults("numProc", "epochs", "shuffleBufferRows", "accumulationSteps", "compression",
                                          "scaleLearningRate", "warmupEpochs", "stallTimeout", "lrSchedule",
-                                         "strategy", "localSteps"))
+                                         "strategy", "localSteps", "shardEmbeddingsAbove"))
 
     def setNumProc(self, value: int):
         return self._set(numProc=value)

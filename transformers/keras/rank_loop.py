@@ -34,12 +34,14 @@ import sys
 import time
 from typing import Callable, Iterator
 
+import numpy as np
+
 from sparkdeep.transformers._faults import after_epoch_hook
 
-from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint
+from .checkpoints import best_weights_from, load_optimizer_state, optimizer_arrays, send_checkpoint
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-from .profile import EpochClock, EpochTrace, training_flops_per_sample
+from .profile import EpochClock, EpochTrace, peak_rss_mb, training_flops_per_sample
 from .strategies import add_gradients, merged, scale_gradients
 
 log = logging.getLogger(__name__)
@@ -159,16 +161,20 @@ class EpochLoop:
         Early stopping watches ``val_loss`` when there are validation rows, else ``loss``.
     """
 
-    def __init__(self, spec: RankSpec, model, optimizer, *, rank: int, has_validation: bool):
+    def __init__(self, spec: RankSpec, model, optimizer, *, rank: int, has_validation: bool, shards=None):
         resume = spec.resume
         self.spec, self.model, self.optimizer, self.rank = spec, model, optimizer, rank
+        # Split embedding tables (:class:`.sharding.RankShards`): every rank takes part in
+        # gathering a checkpoint's whole tables, rank 0 sends it.
+        self.shards = shards
         self.history: list[dict] = list(resume["history"]) if resume else []
         self.start_epoch = int(resume["completed_epochs"]) if resume else 0
         self.epochs = int(spec.epochs)
         self.monitor = "val_loss" if has_validation else "loss"
         self.stopping = EarlyStopping(self.monitor, int(spec.early_stopping_patience), self.history,
                                       saved=resume.get("stopping") if resume else None,
-                                      best_weights=best_weights_from(resume.get("best_bytes")) if resume else None)
+                                      best_weights=self._local(best_weights_from(resume.get("best_bytes")))
+                                      if resume else None)
         self.checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
         self._after_epoch = after_epoch_hook()  # None unless a test injects a failure
 
@@ -188,7 +194,9 @@ class EpochLoop:
                 self.stopping.restore(self.model)  # before the last checkpoint: a reload gets the best epoch's weights
             if self.rank == 0:
                 describe(record, (self.epochs - epoch - 1) * record["seconds"])
+            if self.rank == 0 or self.shards:
                 self._checkpoint(epoch + 1, finished=stop or epoch + 1 == self.epochs, stopped=stop)
+            if self.rank == 0:
                 if notify is not None:
                     notify(epoch + 1)
             if self._after_epoch:
@@ -204,10 +212,22 @@ class EpochLoop:
         if not self.spec.checkpoint_dir:
             return
         t0 = time.time()
-        send_checkpoint(self.model, self.optimizer, {"completed_epochs": completed, "history": self.history,
-                                                     "finished": finished, "stopping": self.stopping.state()},
-                        best_weights=None if stopped else self.stopping.best_weights)
+        model, optimizer, best = self.model, self.optimizer, None if stopped else self.stopping.best_weights
+        if self.shards:  # the whole tables, gathered by every rank
+            optimizer = self.shards.optimizer_arrays(optimizer)
+            best = None if best is None else self.shards.whole_weights(self.model, best)
+            model = self.shards.whole_model(self.model)
+        if self.rank == 0:
+            send_checkpoint(model, optimizer, {"completed_epochs": completed, "history": self.history,
+                                               "finished": finished, "stopping": self.stopping.state()},
+                            best_weights=best)
         self.checkpoint_s += time.time() - t0
+
+    def _local(self, weights):
+        """A checkpoint's whole best weights, cut to this rank's rows of any split table."""
+        if weights is None or not self.shards:
+            return weights
+        return self.shards.local_weights(self.model, weights)
 
 
 #: A record's keys the epoch line shows in its own words (the rest are metrics, printed as name=value).
@@ -457,6 +477,9 @@ def train_rank(spec: RankSpec) -> RankResult:
 
     resume = spec.resume
     model = keras_from_bytes(resume["model_bytes"] if resume else spec.model_bytes)
+    shards = _split_tables(model, spec, strategy, rank, size)
+    if shards:
+        model = shards.split(model)  # the whole tables go with the loaded network
     folder = os.environ[RANK_DATA_ENV]
     counts = _shard_counts(folder)
     batch, accum = int(spec.batch_size), int(spec.accumulation_steps)
@@ -474,7 +497,9 @@ def train_rank(spec: RankSpec) -> RankResult:
     warmup = int(round(float(spec.warmup_epochs) * updates))
     optimizer = keras.optimizers.get({"class_name": spec.optimizer, "config": {"learning_rate": base_lr}})
     optimizer.build(model.trainable_variables)
-    if resume and rank == 0:
+    if resume and shards:  # every rank its own rows of the split tables' slots
+        shards.load_optimizer(optimizer, optimizer_arrays(resume["optimizer_bytes"], len(optimizer.variables)))
+    elif resume and rank == 0:
         load_optimizer_state(optimizer, resume["optimizer_bytes"])
     train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
     val_metrics = [make_metric(m, spec.task) for m in spec.metrics]
@@ -482,6 +507,11 @@ def train_rank(spec: RankSpec) -> RankResult:
     # graph op has it inside the step's one tf.function.
     alone = size == 1
     reduce_in_graph = _identity if alone else strategy.graph_gradients if strategy.reduces_in_graph else None
+    reduce_eager = _identity if alone else strategy.gradients
+    if shards:  # a split table's gradient already holds every rank's: not all-reduced again
+        where = shards.positions(model.trainable_variables)
+        reduce_in_graph = reduce_in_graph and _around(where, reduce_in_graph, size)
+        reduce_eager = _around(where, reduce_eager, size)
     steps = Steps(model, optimizer, keras.losses.get(spec.loss), spec.task, metrics=train_metrics,
                   reduce=reduce_in_graph)
     flops = training_flops_per_sample(model)
@@ -489,13 +519,14 @@ def train_rank(spec: RankSpec) -> RankResult:
 
     # Rank 0's state wins: model weights and optimizer slots (fresh or resumed), so the
     # replicas start identical (and, synchronous, stay identical under averaged gradients).
-    strategy.broadcast(list(model.variables) + list(optimizer.variables))
+    strategy.broadcast([v for v in list(model.variables) + list(optimizer.variables)
+                        if not (shards and shards.is_local(v))])
     launch["model_ready"] = time.time()
 
     def after_update() -> bool:
         return strategy.after_update(model, update_no)
 
-    loop = EpochLoop(spec, model, optimizer, rank=rank, has_validation=val_feed is not None)
+    loop = EpochLoop(spec, model, optimizer, rank=rank, has_validation=val_feed is not None, shards=shards)
     t_first_step = None
     t_train0 = time.time()
     update_no = loop.start_epoch * updates
@@ -518,11 +549,13 @@ def train_rank(spec: RankSpec) -> RankResult:
         batches = Prefetch(feed.epoch(epoch, steps_n), depth=3, convert=_as_tensors)
         try:
             done = run_epoch(steps, batches, updates=updates, accumulation=accum,
-                             allreduce=_identity if alone else strategy.gradients,
+                             allreduce=reduce_eager,
                              set_lr=set_lr, after_update=None if alone else after_update,
                              wait=strategy.wait if spec.measure_wait else None)
             if done["fused"] and not alone:
                 strategy.count(updates)
+            if shards:
+                strategy.bytes += done["batches"] * shards.step_bytes(batch)
             t_sync = time.perf_counter()
             if strategy.end_epoch(model) and not alone:
                 done["allreduce_s"] += time.perf_counter() - t_sync
@@ -544,7 +577,11 @@ def train_rank(spec: RankSpec) -> RankResult:
         for m in train_metrics:
             record[m.name] = strategy.average(m.result())
         if val_feed is not None:
-            total, n = evaluate_stream(steps, val_feed.sequential(), val_metrics)
+            val_batches = val_feed.sequential()
+            if shards:  # a lookup is collective: every rank runs the most batches any rank has
+                val_batches = _padded(val_batches, shards.most(val_feed.sequential_batches()),
+                                      shards.empty_batch(model))
+            total, n = evaluate_stream(steps, val_batches, val_metrics)
             sums = strategy.sum([total, float(n)])
             record["val_loss"] = float(sums[0] / max(float(sums[1]), 1.0))
             for m in val_metrics:
@@ -568,7 +605,11 @@ def train_rank(spec: RankSpec) -> RankResult:
         val_feed.close()
 
     chief = rank == 0
-    model_bytes = keras_to_bytes(model) if chief else None
+    digest = weights_digest(model) if not shards else shards.digest(model)
+    held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in list(model.variables) + list(optimizer.variables))
+    whole = shards.whole_model(model) if shards else model  # every rank takes part; rank 0 gets it
+    model_bytes = keras_to_bytes(whole) if chief else None
+    del whole
     strategy.finish()
     return RankResult(
         rank=rank, size=size, strategy=spec.strategy, rows=feed.rows,
@@ -576,10 +617,57 @@ def train_rank(spec: RankSpec) -> RankResult:
         trimmed_per_epoch=plan.trimmed_per_epoch[rank], rows_seen=seen_rows, max_window_rows=feed.max_window_rows,
         steps_per_epoch=steps_n, updates_per_epoch=updates, stopped_early=stopping.stopped,
         allreduce_calls=strategy.calls, allreduce_bytes=strategy.bytes, devices=pinned,
-        horovod_imported="horovod" in sys.modules, weights_digest=weights_digest(model), code_path=_code_root(),
+        horovod_imported="horovod" in sys.modules, weights_digest=digest, code_path=_code_root(),
         os_threads=_os_threads(),
         timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
                             checkpoints=round(checkpoint_s, 3), launch=launch),
         profile=profile, flops_per_sample=flops,
-        history=history if chief else None, model_bytes=model_bytes)
+        history=history if chief else None, model_bytes=model_bytes, sharded=shards.held() if shards else None,
+        variable_bytes=held, peak_rss_mb=peak_rss_mb())
+
+
+def _split_tables(model, spec: RankSpec, strategy, rank: int, size: int):
+    """The :class:`.sharding.RankShards` of this rank when ``spec`` splits a table of
+    ``model`` (one larger than ``shard_embeddings_above`` bytes, more than one rank), else None."""
+    if not spec.shard_embeddings_above or size < 2:
+        return None
+    from .sharding import RankShards, plan_tables
+    plans = plan_tables(model, spec.shard_embeddings_above)
+    if not plans:
+        return None
+    if rank == 0:
+        log.info("[train] %d embedding table(s) split across %d ranks: %s", len(plans), size,
+                 ", ".join(f"{p.layer}[{p.table}] {p.rows}x{p.width} ({p.bytes / 2**20:.1f} MiB)" for p in plans))
+    return RankShards(plans, strategy.hvd, rank, size)
+
+
+def _around(split: frozenset, reduce: Callable, size: int) -> Callable:
+    """``reduce`` over every gradient but those at ``split`` (a split table's: each already the
+    sum of every rank's, through the lookup's all-to-all), which are divided by ``size`` to
+    match the others' average."""
+    import tensorflow as tf
+
+    def reduced(grads: list) -> list:
+        shared = iter(reduce([g for i, g in enumerate(grads) if i not in split]))
+        out = []
+        for i, g in enumerate(grads):
+            if i not in split:
+                out.append(next(shared))
+            elif isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
+            else:
+                out.append(g / size)
+        return out
+    return reduced
+
+
+def _padded(batches: Iterator[tuple], count: int, empty: tuple) -> Iterator[tuple]:
+    """``batches``, then ``empty`` until ``count`` batches have been given."""
+    import tensorflow as tf
+    n = 0
+    for b in batches:
+        n += 1
+        yield b
+    for _ in range(count - n):
+        yield tuple(tf.convert_to_tensor(a) for a in empty)
 

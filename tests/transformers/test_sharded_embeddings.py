@@ -1,0 +1,147 @@
+"""Embedding tables split by rows across the ranks (``shardEmbeddingsAbove``): the same
+training as replicated tables, 1/N of the table and its slots per rank, resume after a
+kill, and a saved model that knows nothing of the split."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyspark.ml.evaluation import BinaryClassificationEvaluator
+from pyspark.ml.functions import vector_to_array
+from pyspark.ml.linalg import Vectors
+
+from sparkdeep.distributed import RankFailedError
+from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
+from sparkdeep.transformers.keras import sharding
+from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
+
+LEVELS = 600  # the table: 601 rows (with the unseen/null bucket) x 24 = 57,696 bytes
+ABOVE = 10_000
+
+
+def _net(seed: int = 0):
+    import keras
+
+    from sparkdeep.transformers.keras_models import tabular_binary_classifier
+    keras.utils.set_random_seed(seed)
+    return tabular_binary_classifier(3, numeric_dim=2, cardinalities=[LEVELS + 1], hidden_units=(16,), dropout=0.0)
+
+
+def test_only_tables_above_the_size_are_planned_and_each_rank_holds_its_interleaved_rows():
+    net = _net()
+    (plan,) = sharding.plan_tables(net, ABOVE)
+    assert (plan.rows, plan.width, plan.bytes) == (LEVELS + 1, 24, (LEVELS + 1) * 24 * 4)
+    assert sharding.plan_tables(net, plan.bytes) == [] and sharding.plan_tables(net, 0) == []
+    assert [sharding.shard_rows(601, r, 2) for r in (0, 1)] == [301, 300]
+    assert sum(sharding.shard_rows(10, r, 3) for r in range(3)) == 10
+
+
+@pytest.fixture(scope="module")
+def ids(spark):
+    """6,000 rows: two numbers and an ID of 600 levels whose latent effect decides most of
+    the label (an embedding must learn it); 1 row in 5 held out, by row."""
+    rng = np.random.default_rng(11)
+    n = 6_000
+    level = rng.integers(0, LEVELS, n)
+    effect = rng.normal(size=LEVELS)
+    nums = rng.normal(size=(n, 2))
+    label = (effect[level] + 0.5 * nums[:, 0] + rng.normal(scale=0.5, size=n) > 0).astype(float)
+    rows = [(i, float(label[i]), Vectors.dense([nums[i, 0], nums[i, 1], float(level[i])])) for i in range(n)]
+    df = spark.createDataFrame(rows, ["id", "label", "features"])
+    return df.where("id % 5 != 0").cache(), df.where("id % 5 = 0").cache()
+
+
+def _estimator(**kw):
+    base = dict(featuresCol="features", labelCol="label", numProc=2, epochs=3, batchSize=128, learningRate=0.01,
+                warmupEpochs=0.0, seed=5, metrics=["auc"], lrSchedule="constant", validationFraction=0.1,
+                earlyStoppingPatience=0, model=_net())
+    base.update(kw)
+    return DistributedKerasEstimator(**base)
+
+
+def _auc(model, df):
+    scored = model.transform(df).withColumn("p", vector_to_array("probability")[1])
+    return BinaryClassificationEvaluator(rawPredictionCol="p", labelCol="label").evaluate(scored)
+
+
+@pytest.fixture(scope="module")
+def fits(ids):
+    train, _ = ids
+    return {"replicated": _estimator().fit(train), "sharded": _estimator(shardEmbeddingsAbove=ABOVE).fit(train)}
+
+
+@pytest.mark.slow
+def test_a_sharded_fit_reaches_the_replicated_fit_s_held_out_auc(fits, ids):
+    _, test = ids
+    rep, sh = _auc(fits["replicated"], test), _auc(fits["sharded"], test)
+    assert rep > 0.75, rep  # the IDs carry the label: an embedding that learnt nothing scores about 0.64
+    assert abs(sh - rep) < 0.01, (sh, rep)
+    hist = {k: [h["loss"] for h in m.trainingSummary["history"]] for k, m in fits.items()}
+    np.testing.assert_allclose(hist["sharded"], hist["replicated"], rtol=0.02)
+
+
+@pytest.mark.slow
+def test_each_rank_holds_its_half_of_the_table_and_of_its_slots(fits):
+    table = (LEVELS + 1) * 24 * 4
+    rep = fits["replicated"].trainingSummary["ranks"]
+    sh = fits["sharded"].trainingSummary["ranks"]
+    assert all(r["sharded"] is None for r in rep)
+    for r in sh:
+        (held,) = r["sharded"]
+        assert held["rows"] == LEVELS + 1 and held["rows_held"] == sharding.shard_rows(LEVELS + 1, r["rank"], 2)
+    # Measured on the rank: its variables (weights, Adam's two slots) against a replica's.
+    for a, b in zip(rep, sh):
+        saved = a["variable_bytes"] - b["variable_bytes"]
+        assert 3 * table * 0.49 <= saved <= 3 * table * 0.51, (a["variable_bytes"], b["variable_bytes"])
+    # The replicated weights (all but the split rows) ended identical on both ranks.
+    assert len({r["weights_digest"] for r in sh}) == 1
+    # A step's all-to-all traffic is counted.
+    assert all(b["allreduce_bytes"] > 0 for b in sh)
+
+
+@pytest.mark.slow
+def test_the_saved_model_holds_the_whole_table_and_scores_as_trained(fits, ids, tmp_path):
+    from sparkdeep.transformers._keras_layers import ColumnEmbeddings
+    from sparkdeep.transformers.keras_estimator import DistributedKerasModel
+    _, test = ids
+    model = fits["sharded"]
+    (layer,) = [x for x in model.keras_model().layers if isinstance(x, ColumnEmbeddings)]
+    assert type(layer) is ColumnEmbeddings and [tuple(t.shape) for t in layer.tables] == [(LEVELS + 1, 24)]
+    path = str(tmp_path / "sharded")
+    model.save(path)
+    again = DistributedKerasModel.load(path)
+
+    def scores(m):
+        return m.transform(test).select("id", vector_to_array("probability")[1].alias("p")).toPandas() \
+            .sort_values("id")["p"].to_numpy()
+    np.testing.assert_array_equal(scores(model), scores(again))
+    # The same network as the replicated fit's, to float rounding.
+    np.testing.assert_allclose(scores(model), scores(fits["replicated"]), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_sharded_fit_killed_after_an_epoch_resumes_as_if_uninterrupted(fits, ids, tmp_path, monkeypatch):
+    """Rank 1 dies after epoch 2's checkpoint, mid-run for rank 0; the refit resumes from
+    epoch 2 with each rank's rows and slots of the table back from the whole checkpoint."""
+    train, _ = ids
+    # Patience that never stops 3 epochs, so the checkpoint also holds the best weights.
+    est = _estimator(shardEmbeddingsAbove=ABOVE, runId="sharded-kill", checkpointDir=str(tmp_path),
+                     earlyStoppingPatience=3)
+    monkeypatch.setenv(FAIL_AT_EPOCH_ENV, "1:2:exit")
+    with pytest.raises(RankFailedError):
+        est.fit(train)
+    monkeypatch.delenv(FAIL_AT_EPOCH_ENV)
+    model = est.fit(train)
+    s = model.trainingSummary
+    assert s["resumed_from_epoch"] == 2 and [h["epoch"] for h in s["history"]] == [1, 2, 3]
+    whole = fits["sharded"].trainingSummary["history"]
+    np.testing.assert_allclose([h["loss"] for h in s["history"]], [h["loss"] for h in whole], rtol=1e-3)
+    np.testing.assert_allclose(s["history"][-1]["val_loss"], whole[-1]["val_loss"], rtol=1e-3)
+
+
+def test_a_strategy_other_than_horovod_refuses_to_shard(ids):
+    train, _ = ids
+    with pytest.raises(ValueError, match=r"shardEmbeddingsAbove=1000 \(.*\) applies to strategy='horovod' only, "
+                                         r"not strategy='collective'"):
+        _estimator(strategy="collective", shardEmbeddingsAbove=1000).fit(train)
+    with pytest.raises(ValueError, match="shardEmbeddingsAbove must be >= 0 bytes"):
+        _estimator(shardEmbeddingsAbove=-1).fit(train)

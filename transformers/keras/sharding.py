@@ -1,0 +1,306 @@
+"""Embedding tables split by rows across the ranks: model parallelism for the tables,
+data parallelism for the rest of the network.
+
+A table of :class:`~sparkdeep.transformers._keras_layers.ColumnEmbeddings` larger than
+``shardEmbeddingsAbove`` bytes is held 1/N per rank: rank ``r`` of ``N`` holds global rows
+``r, r + N, r + 2N, ...`` (interleaved, so the most frequent levels, which StringIndexer
+numbers first, spread over every rank). Its optimizer slots follow, being built from the
+rank's own variable. A lookup sends each wanted row number to the rank that owns it and gets
+the row back (two all-to-alls, :func:`alltoall_lookup`); the gradient of those rows travels
+back the same way, by the all-to-all's own gradient, so each owner receives the sum of every
+rank's gradient for its rows. Every other weight stays a replica, averaged by the strategy.
+
+Invisible outside the ranks: a checkpoint and the trained model hold the whole table
+(:meth:`RankShards.whole_model` gathers it), so the saved ``.keras`` file, scoring, the export
+and the HTTP scorer never know the table was split. Only the ``horovod`` strategy shards
+(``sparkdeep.registry.STRATEGY_RULES``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Bytes of one table entry (float32 weights).
+_ENTRY_BYTES = 4
+
+
+def shard_rows(rows: int, rank: int, size: int) -> int:
+    """Rows of a ``rows``-row table that rank ``rank`` of ``size`` holds (rows ``rank::size``)."""
+    return len(range(int(rank), int(rows), int(size)))
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """One table to split: its layer, its index among the layer's tables, its shape."""
+    layer: str
+    table: int
+    rows: int
+    width: int
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.width * _ENTRY_BYTES
+
+
+def plan_tables(model, above: int) -> list[TablePlan]:
+    """The tables of ``model``'s :class:`ColumnEmbeddings` layers holding more than ``above``
+    bytes (none when ``above`` is 0)."""
+    from .._keras_layers import ColumnEmbeddings
+    if int(above) <= 0:
+        return []
+    out = []
+    for layer in model.layers:
+        if isinstance(layer, ColumnEmbeddings):
+            for g, (width, _, rows) in enumerate(layer._groups):
+                plan = TablePlan(layer.name, g, int(rows), int(width))
+                if plan.bytes > int(above):
+                    out.append(plan)
+    return out
+
+
+def alltoall_lookup(hvd, shard, rows, rank: int, size: int):
+    """Rows ``rows`` (int32, any shape) of the table split across the ranks, this rank
+    holding ``shard`` (its rows ``rank::size``): ``rows.shape + (width,)``.
+
+    Every rank must call it the same number of times (an all-to-all is collective; a rank
+    with nothing to look up passes an empty ``rows``). The wanted row numbers go to their
+    owners sorted by owner, the owners' rows come back in that order and are put back in
+    the caller's. Differentiable: the gradient of the result reaches ``shard`` as
+    ``tf.IndexedSlices`` holding, for this rank's rows, every rank's gradient."""
+    import tensorflow as tf
+    flat = tf.reshape(rows, [-1])
+    owner = tf.math.floormod(flat, size)
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
+    wanted, wanted_splits = hvd.alltoall(tf.gather(flat, order), splits=splits)
+    found = tf.gather(shard, tf.math.floordiv(wanted, size))
+    back, _ = hvd.alltoall(found, splits=wanted_splits)
+    vectors = tf.gather(back, tf.math.invert_permutation(order))
+    return tf.reshape(vectors, tf.concat([tf.shape(rows), tf.shape(shard)[1:]], 0))
+
+
+def _sharded_layer_class():
+    from .._keras_layers import ColumnEmbeddings
+
+    class ShardedColumnEmbeddings(ColumnEmbeddings):
+        """:class:`ColumnEmbeddings` on one rank with some of its tables split: those hold
+        this rank's rows only and are looked up through :func:`alltoall_lookup`. Lives on
+        the ranks only; never saved (:meth:`RankShards.whole_model` saves the whole layer)."""
+
+        def __init__(self, cardinalities, dims, *, split, lookup, rank, size, **kwargs):
+            self._split, self._split_lookup = frozenset(split), lookup
+            self._rank, self._size = int(rank), int(size)
+            super().__init__(cardinalities, dims, **kwargs)
+
+        def _new_table(self, g: int):
+            if g not in self._split:
+                return super()._new_table(g)
+            width, _, rows = self._groups[g]
+            return self.add_weight(shape=(shard_rows(rows, self._rank, self._size), width),
+                                   name=f"shard_w{width}", trainable=True, initializer="zeros")
+
+        def _lookup(self, g: int, table, rows):
+            if g in self._split:
+                return self._split_lookup(table, rows)
+            return super()._lookup(g, table, rows)
+
+    return ShardedColumnEmbeddings
+
+
+class RankShards:
+    """One rank's view of the split tables of a network.
+
+    :meth:`split` turns the whole network into this rank's (the split tables' rows
+    ``rank::size`` only); :meth:`whole_model` and :meth:`whole_weights` put the tables back
+    together (collective: every rank calls them), :meth:`local_weights` and
+    :meth:`load_optimizer` take a whole checkpoint's arrays down to this rank's rows.
+    """
+
+    def __init__(self, plans: list[TablePlan], hvd, rank: int, size: int):
+        self.plans, self.hvd, self.rank, self.size = list(plans), hvd, int(rank), int(size)
+        self._layers: dict[str, object] = {}  # layer name -> this rank's ShardedColumnEmbeddings
+        self._configs: dict[str, dict] = {}   # layer name -> the whole layer's config
+        self._calls = 0  # names the eager collectives (Horovod matches them across ranks by name)
+
+    def __bool__(self) -> bool:
+        return bool(self.plans)
+
+    # -- the rank's network ---------------------------------------------------------------
+
+    def split(self, model):
+        """``model`` with each planned table cut to this rank's rows (the whole tables are
+        dropped with ``model``: the caller keeps only what this returns)."""
+        import keras
+        cls = _sharded_layer_class()
+        by_layer: dict[str, set] = {}
+        for p in self.plans:
+            by_layer.setdefault(p.layer, set()).add(p.table)
+
+        def lookup(table, rows):
+            return alltoall_lookup(self.hvd, table, rows, self.rank, self.size)
+
+        def clone(layer):
+            if layer.name not in by_layer:
+                return layer  # shared: the same layer object and weights
+            config = layer.get_config()
+            self._configs[layer.name] = config
+            new = cls(config["cardinalities"], config["dims"], split=by_layer[layer.name], lookup=lookup,
+                      rank=self.rank, size=self.size, name=layer.name)
+            self._layers[layer.name] = (new, layer)
+            return new
+
+        rank_model = keras.models.clone_model(model, clone_function=clone)
+        for name, (new, old) in self._layers.items():
+            for g, (table, whole) in enumerate(zip(new.tables, old.tables)):
+                value = np.asarray(whole.numpy())
+                table.assign(value[self.rank::self.size] if g in new._split else value)
+            self._layers[name] = new
+        # (plan, this rank's variable), in plan order
+        self._split_vars = [(p, self._layers[p.layer].tables[p.table]) for p in self.plans]
+        self._variables = [v for _, v in self._split_vars]
+        return rank_model
+
+    def is_local(self, variable) -> bool:
+        """Whether ``variable`` (the model's or the optimizer's) holds this rank's rows of a
+        split table: never broadcast, never all-reduced."""
+        return self._rows_of(variable) is not None
+
+    def positions(self, variables) -> frozenset:
+        """Indices in ``variables`` (the trainable ones, in order) of this rank's split tables."""
+        return frozenset(i for i, v in enumerate(variables) if any(v is s for s in self._variables))
+
+    def held(self) -> list[dict]:
+        """What this rank holds of each split table: rows, bytes (the summary's report)."""
+        out = []
+        for p in self.plans:
+            local = shard_rows(p.rows, self.rank, self.size)
+            out.append({"layer": p.layer, "table": p.table, "rows": p.rows, "width": p.width,
+                        "rows_held": local, "bytes": p.bytes, "bytes_held": local * p.width * _ENTRY_BYTES})
+        return out
+
+    # -- whole tables back (collective) -----------------------------------------------------
+
+    def _gather(self, local: np.ndarray, rows: int) -> np.ndarray | None:
+        """Every rank's ``local`` rows of a ``rows``-row table, as the whole table, on rank 0
+        (None on the others: an all-to-all in which every rank sends its rows to rank 0
+        only, so no other rank ever holds the whole table)."""
+        import tensorflow as tf
+        self._calls += 1
+        local = np.asarray(local)
+        splits = tf.constant([len(local)] + [0] * (self.size - 1), tf.int32)
+        parts, _ = self.hvd.alltoall(tf.convert_to_tensor(local), splits=splits, name=f"shards_{self._calls}")
+        if self.rank != 0:
+            return None
+        parts = np.asarray(parts)
+        whole = np.empty((rows,) + parts.shape[1:], dtype=parts.dtype)
+        at = 0
+        for r in range(self.size):
+            n = shard_rows(rows, r, self.size)
+            whole[r::self.size] = parts[at:at + n]
+            at += n
+        return whole
+
+    def _rows_of(self, variable) -> int | None:
+        """The whole table's rows when ``variable`` is this rank's part of a split table or
+        one of its optimizer slots (Keras names a slot after its variable's path), else None."""
+        for p, v in self._split_vars:
+            if variable is v or (variable.name.startswith(v.path.replace("/", "_") + "_")
+                                 and tuple(variable.shape) == tuple(v.shape)):
+                return p.rows
+        return None
+
+    def whole_weights(self, model, weights: list) -> list | None:
+        """``weights`` (``model.get_weights()`` order, this rank's) with every split table
+        whole: the arrays the whole network's ``get_weights`` would give, on rank 0 (None
+        on the others). Collective."""
+        out = list(weights)
+        for i, v in enumerate(model.weights):
+            rows = self._rows_of(v) if any(v is s for s in self._variables) else None
+            if rows is not None:
+                out[i] = self._gather(out[i], rows)
+        return out if self.rank == 0 else None
+
+    def local_weights(self, model, weights: list) -> list:
+        """The whole network's ``weights`` cut to this rank's rows of each split table."""
+        out = list(weights)
+        for i, v in enumerate(model.weights):
+            if any(v is s for s in self._variables):
+                out[i] = np.asarray(out[i])[self.rank::self.size]
+        return out
+
+    def whole_model(self, model):
+        """The whole network (every split table gathered) with ``model``'s weights: the one a
+        checkpoint or the trained model saves, on rank 0 (None on the others). Collective."""
+        import keras
+
+        from .._keras_layers import ColumnEmbeddings
+        whole_tables = {}
+        for name, layer in self._layers.items():
+            whole_tables[name] = [self._gather(t.numpy(), layer._groups[g][2]) if g in layer._split else t.numpy()
+                                  for g, t in enumerate(layer.tables)]
+        if self.rank != 0:
+            return None
+
+        def clone(layer):
+            if layer.name not in self._layers:
+                return layer
+            return ColumnEmbeddings.from_config(self._configs[layer.name])
+
+        whole = keras.models.clone_model(model, clone_function=clone)
+        for layer in whole.layers:
+            if layer.name in whole_tables:
+                for table, value in zip(layer.tables, whole_tables[layer.name]):
+                    table.assign(value)
+        return whole
+
+    def optimizer_arrays(self, optimizer) -> list | None:
+        """``optimizer.variables``' values with every split table's slots whole, on rank 0
+        (None on the others). Collective."""
+        out = []
+        for v in optimizer.variables:
+            value = np.asarray(v)
+            rows = self._rows_of(v)
+            out.append(self._gather(value, rows) if rows is not None else value)
+        return out if self.rank == 0 else None
+
+    def load_optimizer(self, optimizer, arrays: list) -> None:
+        """A whole checkpoint's optimizer arrays into this rank's optimizer (each split
+        table's slots cut to this rank's rows)."""
+        for v, value in zip(optimizer.variables, arrays):
+            value = np.asarray(value)
+            if self._rows_of(v) is not None:
+                value = value[self.rank::self.size]
+            v.assign(value)
+
+    def empty_batch(self, model) -> tuple:
+        """A batch of no rows (a rank whose validation rows ran out still takes part in the
+        others' lookups)."""
+        width = int(model.inputs[0].shape[1])
+        return np.zeros((0, width), "float32"), np.zeros((0,), "float32"), np.zeros((0,), "float32")
+
+    def most(self, n: int) -> int:
+        """The largest ``n`` over the ranks (collective)."""
+        import tensorflow as tf
+        self._calls += 1
+        return int(self.hvd.allreduce(tf.constant(int(n), tf.int64), op=self.hvd.Max, name=f"shards_{self._calls}"))
+
+    def step_bytes(self, batch: int) -> int:
+        """Bytes one rank hands the all-to-alls per step of ``batch`` rows, at most: each
+        lookup's row number out, its row back, and its row's gradient back to the owner."""
+        total = 0
+        for p in self.plans:
+            layer = self._layers[p.layer]
+            lookups = int(batch) * len(layer._groups[p.table][1])
+            total += lookups * (4 + 2 * p.width * _ENTRY_BYTES)
+        return total
+
+    def digest(self, model) -> str:
+        """SHA-256 of the replicated weights (every one but this rank's rows of the split
+        tables): equal on every rank when the replicas ended identical."""
+        import hashlib
+        h = hashlib.sha256()
+        for v, w in zip(model.weights, model.get_weights()):
+            if not any(v is s for s in self._variables):
+                h.update(np.asarray(w).tobytes())
+        return h.hexdigest()
