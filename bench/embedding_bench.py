@@ -23,6 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
 from _results import finish  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "embedding.json")
@@ -86,34 +87,52 @@ def fit_network(train, test, levels: int, items: int, shard: bool, args) -> dict
             "table_mb": round((levels + items + 2) * 24 * 4 / 2**20, 1), "ranks": ranks}
 
 
-def fit_trees(data, args) -> list[dict]:
-    import lightgbm as lgb
+def fit_tree(data, name: str, trees: int) -> dict:
+    """One tree ensemble with its native categorical support, on the driver."""
     import numpy as np
     import pandas as pd
-    import xgboost as xgb
     from sklearn.metrics import roc_auc_score
     tr, te = ~data["held"], data["held"]
+    users, items = int(data["user"].max()) + 1, int(data["item"].max()) + 1
 
     def frame(mask):
-        return pd.DataFrame({"user": pd.Categorical(data["user"][mask], categories=np.arange(args_levels)),
-                             "item": pd.Categorical(data["item"][mask], categories=np.arange(args_items)),
+        return pd.DataFrame({"user": pd.Categorical(data["user"][mask], categories=np.arange(users)),
+                             "item": pd.Categorical(data["item"][mask], categories=np.arange(items)),
                              "x1": data["x1"][mask], "x2": data["x2"][mask]})
-    args_levels, args_items = int(data["user"].max()) + 1, int(data["item"].max()) + 1
     xtr, xte, ytr, yte = frame(tr), frame(te), data["label"][tr], data["label"][te]
-    out = []
     t0 = time.time()
-    booster = lgb.LGBMClassifier(n_estimators=args.trees, learning_rate=0.1, num_leaves=63, verbose=-1,
-                                 n_jobs=2, max_cat_to_onehot=4, cat_smooth=10)
-    booster.fit(xtr, ytr, categorical_feature=["user", "item"])
-    out.append({"model": "lightgbm (native categorical)", "fit_s": round(time.time() - t0, 1),
-                "auc": round(roc_auc_score(yte, booster.predict_proba(xte)[:, 1]), 4)})
-    t0 = time.time()
-    xg = xgb.XGBClassifier(n_estimators=args.trees, learning_rate=0.1, max_depth=6, tree_method="hist",
-                           enable_categorical=True, max_cat_to_onehot=1, n_jobs=2)
-    xg.fit(xtr, ytr)
-    out.append({"model": "xgboost (native categorical)", "fit_s": round(time.time() - t0, 1),
-                "auc": round(roc_auc_score(yte, xg.predict_proba(xte)[:, 1]), 4)})
-    return out
+    if name == "lightgbm":
+        import lightgbm as lgb
+        model = lgb.LGBMClassifier(n_estimators=trees, learning_rate=0.1, num_leaves=63, verbose=-1, n_jobs=2,
+                                   max_cat_to_onehot=4, cat_smooth=10)
+        model.fit(xtr, ytr, categorical_feature=["user", "item"])
+    else:
+        import xgboost as xgb
+        model = xgb.XGBClassifier(n_estimators=trees, learning_rate=0.1, max_depth=6, tree_method="hist",
+                                  enable_categorical=True, max_cat_to_onehot=1, n_jobs=2)
+        model.fit(xtr, ytr)
+    return {"model": f"{name} (native categorical)", "fit_s": round(time.time() - t0, 1),
+            "auc": round(float(roc_auc_score(yte, model.predict_proba(xte)[:, 1])), 4)}
+
+
+def fit_tree_apart(levels: int, name: str, args) -> dict:
+    """:func:`fit_tree` in a child process of at most ``--tree-memory-gb`` of address space:
+    a tree library that runs out of memory is recorded, not the end of the benchmark."""
+    import json
+    import resource
+    import subprocess
+    limit = int(args.tree_memory_gb * 2 ** 30)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    cmd = [sys.executable, os.path.abspath(__file__), "--tree", name, "--levels", str(levels), "--rows", str(args.rows),
+           "--items", str(args.items), "--trees", str(args.trees), "--seed", str(args.seed)]
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cap)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:300]
+    return {"model": f"{name} (native categorical)", "error": f"failed within {args.tree_memory_gb} GB: {why}"}
 
 
 def fit_mllib(train, test) -> dict:
@@ -143,8 +162,15 @@ def main(argv=None) -> int:
     p.add_argument("--trees", type=int, default=300)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--tree-memory-gb", type=float, default=8.0)
+    p.add_argument("--tree", choices=("lightgbm", "xgboost"), help=argparse.SUPPRESS)  # the child of fit_tree_apart
     p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)
+    if args.tree:
+        import json
+        print(json.dumps(fit_tree(interactions(args.rows, args.levels[0], args.items, args.seed), args.tree,
+                                  args.trees)))
+        return 0
     from sparkdeep.config import SparkConfig
     from sparkdeep.session import builder
     spark = builder(SparkConfig(master="local[2]", app_name="embedding-bench", settings={
@@ -156,12 +182,17 @@ def main(argv=None) -> int:
         data = interactions(args.rows, levels, args.items, args.seed)
         train, test = _frame(spark, data, ~data["held"]), _frame(spark, data, data["held"])
         point = {"levels": levels, "items": args.items, "rows": args.rows,
-                 "users_seen_in_training": int(len(set(data["user"][~data["held"]].tolist()))),
-                 "networks": [fit_network(train, test, levels, args.items, shard, args) for shard in (False, True)]}
-        if not args.no_baselines:
-            point["baselines"] = fit_trees(data, args) + [fit_mllib(train, test)]
-        print(point, flush=True)
+                 "users_seen_in_training": int(len(set(data["user"][~data["held"]].tolist()))), "networks": []}
         results["points"].append(point)
+        for shard in (False, True):
+            point["networks"].append(fit_network(train, test, levels, args.items, shard, args))
+            print(point["networks"][-1], flush=True)
+            _results.write(args.out, results)  # what is measured so far survives a crash
+        if not args.no_baselines:
+            del data
+            point["baselines"] = [fit_tree_apart(levels, name, args) for name in ("lightgbm", "xgboost")]
+            point["baselines"].append(fit_mllib(train, test))
+        print(point, flush=True)
         train.unpersist()
         test.unpersist()
     return finish(args.out, results, args)

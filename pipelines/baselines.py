@@ -60,8 +60,9 @@ from sparkdeep.registry import Columns
 from sparkdeep.tasks import BASELINES
 
 from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler, wide_plans
+from sparkdeep.transformers.hashing import HashIndexer
 
-from .prepare import LABEL, LISTED
+from .prepare import LABEL, LISTED, top_levels_indexer
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,15 @@ def assembly_front(prepare_model: PipelineModel, train: DataFrame, *, max_levels
     keep = {"one_hot": int(max_levels), "trees": int(max_bins) - 1}
     stages = prepare_model.stages
     indexers = [s for s in stages if isinstance(s, StringIndexerModel)]
+    hashers = [s for s in stages if isinstance(s, HashIndexer)]
+    if hashers:
+        # A hashed column has no vocabulary: the baselines index its most frequent levels,
+        # as many as either encoding keeps, counted on the executors.
+        k = max(keep.values())
+        cols = [c for h in hashers for c in h.getInputCols()]
+        indexers.append(top_levels_indexer(train, cols, [c for h in hashers for c in h.getOutputCols()], k))
+        log.info("[train] baselines: %d hashed column(s) (%s) index their %d most frequent levels", len(cols),
+                 ", ".join(cols[:LISTED]), k)
     imputers = [s for s in stages if isinstance(s, ImputerModel)]
     if not indexers and not imputers:
         raise ValueError("the prepare pipeline has neither a StringIndexer nor an Imputer: no full-feature "

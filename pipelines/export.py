@@ -34,6 +34,9 @@ splits are held in the graph's config, the PCA matrix in a ``Dense`` layer's wei
   has its index where training saw it, else it is unseen. Null reaches the model as the
   input's ``null_value`` in ``schema.json`` (``""``, or a token that is no label where
   ``""`` is one).
+- ``HashIndexer``: Keras' ``Hashing`` (FarmHash ``Fingerprint64`` modulo the buckets, as
+  Spark's side computes it); a null (the input's ``null_value``, a token, since ``""`` is a
+  value) gets index ``numBuckets``.
 - ``OneHotEncoderModel``: the same slots (``dropLast`` drops the last category, the
   unseen/null one).
 - ``ImputerModel`` (``MedianImputer``): null, NaN and ``missingValue`` -> the fitted value
@@ -245,6 +248,23 @@ def _string_indexer(g: _Graph, stage) -> None:
         g.columns[out] = _f64(ops.where(ops.equal(found, 0), n, ops.subtract(found, 1)))
 
 
+def _hash_indexer(g: _Graph, stage) -> None:
+    from keras import ops
+    buckets = int(stage.getNumBuckets())
+    for col, out in zip(stage.getInputCols(), stage.getOutputCols()):
+        x = g.read(col, STRING, stage)
+        source = next(s for s, e in g.inputs.items() if e["tensor"] is x)
+        # "" hashes to a bucket as any value does: a null reaches the model as a token of its
+        # own (schema.json's null_value), which gets the null's index. A raw value equal to
+        # that token would score as a null.
+        labels = g.labels.setdefault(source, set())
+        labels.add("")
+        null = _token_not_in(labels, "[sparkdeep:null]")
+        # Keras' Hashing: FarmHash Fingerprint64 mod num_bins, what HashIndexer computes on Spark.
+        hashed = g.keras.layers.Hashing(num_bins=buckets, name=g.name("hash", col))(x)
+        g.columns[out] = _f64(ops.where(ops.equal(x, null), buckets, hashed))
+
+
 def _token_not_in(labels: Iterable[str], base: str) -> str:
     taken = set(labels)
     token, k = base, 0
@@ -385,6 +405,7 @@ _STAGES: dict[str, Callable[[_Graph, Any], None]] = {
     **{f"sparkdeep.transformers.sampling.{c}": _pass_through
        for c in ("ClassBalanceSamplerModel", "UniformSamplerModel", "StratifiedSamplerModel")},
     "pyspark.ml.feature.StringIndexerModel": _string_indexer,
+    "sparkdeep.transformers.hashing.HashIndexer": _hash_indexer,
     "pyspark.ml.feature.OneHotEncoderModel": _one_hot,
     "pyspark.ml.feature.ImputerModel": _imputer,
     **{f"sparkdeep.transformers.selection.{c}": _selector

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from sparkdeep import delta_io, names
 from sparkdeep.registry import Choices, Columns, Models, Tables
 from sparkdeep.transformers.columns import ColumnRenamer, WideAssembler, wide_plans
+from sparkdeep.transformers.hashing import HashIndexer
 from sparkdeep.transformers.pca import CenteredPCA, CenteredPCAModel
 from sparkdeep.transformers.quantiles import MedianImputer, QuantileBinner
 from sparkdeep.transformers.sampling import (ClassBalanceSampler, ClassBalanceSamplerModel, SamplingPipeline,
@@ -99,6 +100,18 @@ def column_profile(train: DataFrame, categorical, numeric) -> dict:
     return out
 
 
+def hashed_columns(train: DataFrame, categorical, buckets: int) -> dict[str, int]:
+    """``{column: its approximate level count}`` of the categorical columns with more levels
+    than ``buckets`` in ``train`` (HyperLogLog++ on the executors, 1% error: the driver
+    never sees a level); none when ``buckets`` is 0."""
+    if not buckets or not categorical:
+        return {}
+    q = names.quoted
+    row = train.select(*[F.approx_count_distinct(F.col(q(c)), 0.01).alias(f"n{i}")
+                         for i, c in enumerate(categorical)]).first()
+    return {c: int(row[f"n{i}"]) for i, c in enumerate(categorical) if int(row[f"n{i}"]) > int(buckets)}
+
+
 def usable_features(profile: dict, categorical, numeric, where: str = "") -> tuple[list[str], list[str], dict]:
     """(categorical, numeric, left_out) for the prepare pipeline from :func:`column_profile`.
 
@@ -150,7 +163,8 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
                            selector_top_fraction: float, pca_k: int, seed: int, max_correlation: float = 0.95,
                            pca_variance_target: float = 0.9, label: str = LABEL, encoding: str = "onehot",
                            pca: bool = True, numeric_buckets: int = 0,
-                           originals: dict[str, str] | None = None) -> SamplingPipeline:
+                           originals: dict[str, str] | None = None, hashed=(),
+                           hash_buckets: int = 0) -> SamplingPipeline:
     """``pca_k=0`` lets PCA choose the smallest k reaching ``pca_variance_target``.
     ``majority_ratio=0`` keeps every row (no class-balance sampler). The sampler decides membership by the row ``key`` alone, so a column added to the source
     later does not change the sample.
@@ -171,10 +185,16 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
     (``QuantileBinner``: MLlib's ``QuantileDiscretizer`` in one pass) as one more index for an embedding: a step function of each
     number the network can learn directly, as trees do. :func:`embedding_layout` reads the
     layout back from the fitted model.
+
+    ``hashed`` (embedding only): categorical columns indexed by :class:`HashIndexer` into
+    ``hash_buckets`` buckets (no vocabulary) instead of ``StringIndexer``.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-    categorical, numeric = list(categorical), list(numeric)
+    categorical, numeric, hashed = list(categorical), list(numeric), set(hashed)
+    if hashed and (encoding != "embedding" or not hash_buckets or not hashed <= set(categorical)):
+        raise ValueError(f"hashed columns need encoding='embedding', hash_buckets > 0 and categorical columns; got "
+                         f"encoding={encoding!r}, hash_buckets={hash_buckets!r}, hashed={sorted(hashed)}")
     if not categorical and not numeric:
         raise ValueError("no feature columns: the prepare pipeline needs at least one categorical or numeric column")
     idx = [f"{c}__idx" for c in categorical]
@@ -192,9 +212,15 @@ def build_prepare_pipeline(*, task: str, categorical, numeric, key: str, majorit
         stages.append(ClassBalanceSampler(labelCol=label, weightCol=WEIGHT, majorityRatio=majority_ratio,
                                           seed=seed, keyCols=[key]))
     if categorical:
-        # 'keep': unseen categories and nulls get their own index instead of failing scoring.
-        stages.append(StringIndexer(inputCols=categorical, outputCols=idx, handleInvalid="keep",
-                                    stringOrderType="frequencyDesc"))
+        vocab = [(c, i) for c, i in zip(categorical, idx) if c not in hashed]
+        if vocab:
+            # 'keep': unseen categories and nulls get their own index instead of failing scoring.
+            stages.append(StringIndexer(inputCols=[c for c, _ in vocab], outputCols=[i for _, i in vocab],
+                                        handleInvalid="keep", stringOrderType="frequencyDesc"))
+        if hashed:
+            pairs = [(c, i) for c, i in zip(categorical, idx) if c in hashed]
+            stages.append(HashIndexer(inputCols=[c for c, _ in pairs], outputCols=[i for _, i in pairs],
+                                      numBuckets=int(hash_buckets)))
         if encoding == "onehot":
             stages.append(OneHotEncoder(inputCols=idx, outputCols=ohe, dropLast=True))
     if numeric:
@@ -266,11 +292,44 @@ def _label_prefixes(stage: StringIndexerModel, lengths: list[int]) -> StringInde
         prefix = sc._gateway.new_array(jvm.java.lang.String, int(n))
         jvm.java.lang.System.arraycopy(fitted[i], 0, prefix, 0, int(n))
         jvm.java.lang.reflect.Array.set(arrays, i, prefix)
+    return _jvm_indexer(arrays, stage.getInputCols(), stage.getOutputCols(), stage.getHandleInvalid())
+
+
+def _jvm_indexer(arrays, inputs, outputs, handle_invalid: str) -> StringIndexerModel:
+    """A ``StringIndexerModel`` over a JVM ``String[][]`` of labels (one array per column)."""
     model = StringIndexerModel._create_from_java_class("org.apache.spark.ml.feature.StringIndexerModel", arrays)
-    model.setInputCols(list(stage.getInputCols()))
-    model.setOutputCols(list(stage.getOutputCols()))
-    model.setHandleInvalid(stage.getHandleInvalid())
+    model.setInputCols(list(inputs))
+    model.setOutputCols(list(outputs))
+    model.setHandleInvalid(handle_invalid)
     return model
+
+
+def top_levels_indexer(rows: DataFrame, inputs, outputs, k: int) -> StringIndexerModel:
+    """A ``StringIndexerModel`` (``handleInvalid='keep'``) knowing each of ``inputs``' ``k``
+    most frequent levels in ``rows`` (ties by value), most frequent first as
+    ``frequencyDesc`` numbers them; the rest share the unseen/null index. Counted on the
+    executors (one grouped count of (column, value) pairs, whatever the width): at most ``k``
+    levels of a column reach the driver, whatever its level count."""
+    from pyspark.core.context import SparkContext
+    from pyspark.sql import Window
+    inputs = list(inputs)
+    pairs = ", ".join(f"named_struct('i', {i}, 'v', CAST({names.quoted(c)} AS STRING))" for i, c in enumerate(inputs))
+    counted = (rows.selectExpr(f"explode(array({pairs})) AS p").select("p.i", "p.v").where("v IS NOT NULL")
+               .groupBy("i", "v").count())
+    order = Window.partitionBy("i").orderBy(F.desc("count"), F.asc("v"))
+    top = counted.withColumn("r", F.row_number().over(order)).where(F.col("r") <= int(k)).select("i", "r", "v")
+    labels: list[list[str]] = [[] for _ in inputs]
+    for row in sorted(top.collect(), key=lambda r: (r["i"], r["r"])):
+        labels[int(row["i"])].append(row["v"])
+    sc = SparkContext._active_spark_context
+    jvm = sc._jvm
+    arrays = jvm.java.lang.reflect.Array.newInstance(jvm.java.lang.Class.forName("[Ljava.lang.String;"), len(inputs))
+    for i, ls in enumerate(labels):
+        column = sc._gateway.new_array(jvm.java.lang.String, len(ls))
+        for j, v in enumerate(ls):
+            column[j] = v
+        jvm.java.lang.reflect.Array.set(arrays, i, column)
+    return _jvm_indexer(arrays, inputs, outputs, "keep")
 
 
 def embedding_layout(model: PipelineModel) -> dict | None:
@@ -286,6 +345,9 @@ def embedding_layout(model: PipelineModel) -> dict | None:
         if isinstance(stage, StringIndexerModel):
             for col, out, labels in zip(stage.getInputCols(), stage.getOutputCols(), stage.labelsArray):
                 cards[out] = (col, len(labels) + 1)
+        elif isinstance(stage, HashIndexer):  # the buckets, then the null's index
+            for col, out in zip(stage.getInputCols(), stage.getOutputCols()):
+                cards[out] = (col, stage.getNumBuckets() + 1)
         elif isinstance(stage, Bucketizer) and stage.isSet("splitsArray"):
             # Quantile bins of the imputed numbers (+1: 'keep' puts NaN in a bucket of its own).
             for col, out, splits in zip(stage.getInputCols(), stage.getOutputCols(), stage.getSplitsArray()):
@@ -392,6 +454,10 @@ def prepare_step(spark, cfg, paths, run) -> dict:
     train_ref = run.write(train, Tables.TRAIN)
     holdout_ref = run.write(holdout, Tables.HOLDOUT)
     train = delta_io.read(spark, train_ref.path, train_ref.version).cache()
+    hashed = hashed_columns(train, categorical, cfg.prepare.hash_buckets)
+    for c, n in sorted(hashed.items(), key=lambda kv: -kv[1])[:LISTED]:
+        log.info("[prepare] %r: about %d levels, hashed into prepare.hash_buckets=%d buckets (no vocabulary)",
+                 names.display(c, shown), n, cfg.prepare.hash_buckets)
 
     pipeline = build_prepare_pipeline(
         task=spec.task, categorical=categorical, numeric=numeric, key=key,
@@ -400,7 +466,7 @@ def prepare_step(spark, cfg, paths, run) -> dict:
         max_correlation=cfg.prepare.max_correlation, pca_k=cfg.prepare.pca_k,
         pca_variance_target=cfg.prepare.pca_variance_target, seed=cfg.seed,
         encoding=cfg.prepare.encoding, pca=cfg.prepare.pca, numeric_buckets=cfg.prepare.numeric_buckets,
-        originals=originals)
+        originals=originals, hashed=list(hashed), hash_buckets=cfg.prepare.hash_buckets)
     with wide_plans(spark):  # MLlib's per-column stages plan in linear time at width
         model = pipeline.fit(train)
         model, rare = drop_rare_levels(model, train, cfg.prepare.min_category_count)
@@ -417,6 +483,7 @@ def prepare_step(spark, cfg, paths, run) -> dict:
     s = report["sampler"]
     report.update({
         "rare_levels_shared": rare,
+        "hashed_columns": {shown.get(c, c): n for c, n in hashed.items()},
         "rows_train": s["rows_in"], "rows_train_prepared": s["rows_out"],
         "rows_holdout": delta_io.read(spark, holdout_ref.path, holdout_ref.version).count(),
         "dataset": spec.name, "task": spec.task,

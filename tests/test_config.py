@@ -102,6 +102,15 @@ def test_min_category_count_is_at_least_one_and_for_the_embedding_encoding_only(
             load_config(conf, overrides=bad)
 
 
+def test_hash_buckets_are_off_by_default_and_need_the_embedding_encoding(conf):
+    assert load_config(conf).prepare.hash_buckets == 0
+    assert load_config(conf, overrides=["prepare.hash_buckets=65536"]).prepare.hash_buckets == 65536
+    for bad in (["prepare.hash_buckets=1"], ["prepare.hash_buckets=-3"], [f"prepare.hash_buckets={2 ** 30 + 1}"],
+                ["prepare.hash_buckets=1024", "prepare.encoding=onehot"]):
+        with pytest.raises(ConfigError, match="prepare.hash_buckets.*expected 0 .every level its own index"):
+            load_config(conf, overrides=bad)
+
+
 def test_config_is_frozen(conf):
     cfg = load_config(conf)
     with pytest.raises(Exception):

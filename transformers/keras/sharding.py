@@ -286,14 +286,16 @@ class RankShards:
         return int(self.hvd.allreduce(tf.constant(int(n), tf.int64), op=self.hvd.Max, name=f"shards_{self._calls}"))
 
     def step_bytes(self, batch: int) -> int:
-        """Bytes one rank hands the all-to-alls per step of ``batch`` rows, at most: each
-        lookup's row number out, its row back, and its row's gradient back to the owner."""
+        """Bytes one rank sends the other ranks through the all-to-alls per step of ``batch``
+        rows, expected: of each lookup whose row another rank owns ((N - 1) / N of them,
+        rows being spread evenly), its row number out, the row back, and its gradient back
+        to the owner."""
         total = 0
         for p in self.plans:
             layer = self._layers[p.layer]
             lookups = int(batch) * len(layer._groups[p.table][1])
             total += lookups * (4 + 2 * p.width * _ENTRY_BYTES)
-        return total
+        return total * (self.size - 1) // self.size
 
     def digest(self, model) -> str:
         """SHA-256 of the replicated weights (every one but this rank's rows of the split
