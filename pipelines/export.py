@@ -666,8 +666,9 @@ class ExportedModel:
                 # An integer source's column turns float64 in pandas once it holds a null: 3.0 is 3.
                 integral = str(e.get("raw_type", "")).split("(")[0] in _INTEGRAL_TYPES
                 strings = np.array([_as_string(v, e["null_value"], integral) for v in values], dtype=object)
-                out[e["keras_name"]] = tf.constant(strings.astype(str).reshape(-1, 1) if len(strings)
-                                                   else np.zeros((0, 1), dtype=str))
+                # As objects: numpy's fixed-width strings would drop a value's trailing NULs.
+                out[e["keras_name"]] = tf.constant(strings.reshape(-1, 1), dtype=tf.string) if len(strings) \
+                    else tf.zeros((0, 1), dtype=tf.string)
             else:
                 numbers = np.array([np.nan if _is_null(v) else float(v) for v in values], dtype="float64")
                 out[e["keras_name"]] = tf.constant(numbers.reshape(-1, 1))

@@ -47,6 +47,16 @@ def test_bad_settings_and_inputs_are_named(spark):
         HashIndexer(inputCols=["zz"], outputCols=["o"], numBuckets=4).transform(df)
     with pytest.raises(ValueError, match="already has a column 'b'"):
         HashIndexer(inputCols=["a"], outputCols=["b"], numBuckets=4).transform(df)
+    with pytest.raises(ValueError, match="outputCols name 'o' more than once"):
+        HashIndexer(inputCols=["a", "b"], outputCols=["o", "o"])
+    with pytest.raises(ValueError, match="set inputCols and outputCols"):
+        HashIndexer(numBuckets=4).transform(df)
+    # A number's text form is Spark's own (1.0E7, NaN, 3.00): no scorer outside Spark hashes it alike.
+    from decimal import Decimal
+    nums = spark.createDataFrame([(1e7, Decimal("3"))], "d double, m decimal(10,2)")
+    for col, kind in (("d", "double"), ("m", "decimal\\(10,2\\)")):
+        with pytest.raises(ValueError, match=f"column '{col}' is {kind}; hash strings, integers"):
+            HashIndexer(inputCols=[col], outputCols=["o"], numBuckets=4).transform(nums)
 
 
 def test_hundreds_of_columns_hash_in_one_projection(spark):
@@ -71,7 +81,7 @@ def test_saved_and_loaded_through_the_model_store(spark, tmp_path):
 
 def test_the_export_hashes_as_spark_does_null_and_empty_apart(spark):
     from tests.test_export import scored_both
-    values = VALUES + [None, "never seen in training", ""]
+    values = VALUES + [None, "never seen in training", "", "\x00", "a\x00"]
     got, want = scored_both(spark, [HashIndexer(inputCols=["v"], outputCols=["i"], numBuckets=1000)],
                             "v string", values)
     assert got.tolist() == want.tolist()

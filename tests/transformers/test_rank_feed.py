@@ -167,7 +167,7 @@ def test_the_rank_spec_is_typed_and_checked():
                 scale_lr=True, warmup_epochs=1.0, lr_schedule="cosine", epochs=2, schedule_epochs=2,
                 batch_size=32, accumulation_steps=1, compression="none", metrics=("auc",), early_stopping_patience=0,
                 seed=1, threads=1, has_weight=False, has_validation=True, shuffle_buffer_rows=1024, strategy="horovod",
-                local_steps=1, measure_wait=False)
+                local_steps=1, measure_wait=False, shard_embeddings_above=0)
     spec = RankSpec(**good)
     assert "model_bytes" not in spec.describe() and spec.describe()["batch_size"] == 32
     with pytest.raises(ValueError, match="shuffle_buffer_rows must be >= 1"):

@@ -145,3 +145,26 @@ def test_a_strategy_other_than_horovod_refuses_to_shard(ids):
         _estimator(strategy="collective", shardEmbeddingsAbove=1000).fit(train)
     with pytest.raises(ValueError, match="shardEmbeddingsAbove must be >= 0 bytes"):
         _estimator(shardEmbeddingsAbove=-1).fit(train)
+
+
+def test_an_ensemble_network_splits_into_a_graph_of_its_own_with_the_same_weights():
+    """The rank's network is a copy: an ensemble's members view (the loss of each member)
+    must find its mean layer's input in that copy, not in the whole network's graph."""
+    import keras
+
+    from sparkdeep.transformers.keras.rank_loop import objective
+    from sparkdeep.transformers.keras_models import tabular_binary_classifier
+    keras.utils.set_random_seed(1)
+    net = tabular_binary_classifier(6, numeric_dim=2, cardinalities=[501, 41, 9, 1001], hidden_units=(16,),
+                                    ensemble=4)
+    shards = sharding.RankShards(sharding.plan_tables(net, 2000), hvd=None, rank=1, size=2)
+    assert [(p.rows, p.width) for p in shards.plans] == [(41, 13), (1502, 24)]
+    split = shards.split(net)
+    objective(split, keras.losses.get("binary_crossentropy"), lambda y: y[:, None])  # raised before
+    whole = {v.path: v.numpy() for v in net.weights}
+    for v in split.weights:
+        if shards.is_local(v):
+            continue
+        np.testing.assert_array_equal(v.numpy(), whole[v.path])
+    tables = [tuple(t.shape) for t in next(x for x in split.layers if x.name == "embeddings").tables]
+    assert tables == [(9, 5), (20, 13), (751, 24)]

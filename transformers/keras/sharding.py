@@ -142,7 +142,10 @@ class RankShards:
 
         def clone(layer):
             if layer.name not in by_layer:
-                return layer  # shared: the same layer object and weights
+                # A fresh copy (its weights copied below), not the layer itself: a layer
+                # shared with the whole network would keep pointing into that network's graph
+                # (an ensemble's members view reads its mean layer's input).
+                return layer.__class__.from_config(layer.get_config())
             config = layer.get_config()
             self._configs[layer.name] = config
             new = cls(config["cardinalities"], config["dims"], split=by_layer[layer.name], lookup=lookup,
@@ -151,6 +154,9 @@ class RankShards:
             return new
 
         rank_model = keras.models.clone_model(model, clone_function=clone)
+        for new_layer, old_layer in zip(rank_model.layers, model.layers):
+            if old_layer.name not in by_layer and old_layer.weights:
+                new_layer.set_weights(old_layer.get_weights())
         for name, (new, old) in self._layers.items():
             for g, (table, whole) in enumerate(zip(new.tables, old.tables)):
                 value = np.asarray(whole.numpy())
