@@ -172,9 +172,13 @@ class RankShards:
         split table: never broadcast, never all-reduced."""
         return self._rows_of(variable) is not None
 
+    def _is_split(self, variable) -> bool:
+        """Whether ``variable`` is this rank's part of a split table (not one of its slots)."""
+        return any(variable is s for s in self._variables)
+
     def positions(self, variables) -> frozenset:
         """Indices in ``variables`` (the trainable ones, in order) of this rank's split tables."""
-        return frozenset(i for i, v in enumerate(variables) if any(v is s for s in self._variables))
+        return frozenset(i for i, v in enumerate(variables) if self._is_split(v))
 
     def held(self) -> list[dict]:
         """What this rank holds of each split table: rows, bytes (the summary's report)."""
@@ -222,16 +226,15 @@ class RankShards:
         on the others). Collective."""
         out = list(weights)
         for i, v in enumerate(model.weights):
-            rows = self._rows_of(v) if any(v is s for s in self._variables) else None
-            if rows is not None:
-                out[i] = self._gather(out[i], rows)
+            if self._is_split(v):
+                out[i] = self._gather(out[i], self._rows_of(v))
         return out if self.rank == 0 else None
 
     def local_weights(self, model, weights: list) -> list:
         """The whole network's ``weights`` cut to this rank's rows of each split table."""
         out = list(weights)
         for i, v in enumerate(model.weights):
-            if any(v is s for s in self._variables):
+            if self._is_split(v):
                 out[i] = np.asarray(out[i])[self.rank::self.size]
         return out
 
@@ -309,6 +312,6 @@ class RankShards:
         import hashlib
         h = hashlib.sha256()
         for v, w in zip(model.weights, model.get_weights()):
-            if not any(v is s for s in self._variables):
+            if not self._is_split(v):
                 h.update(np.asarray(w).tobytes())
         return h.hexdigest()
