@@ -6,8 +6,9 @@ an item ID of ``--items`` levels, each with latent factors (their dot product de
 label with two numbers and noise, so what an embedding can learn is known). For each level
 count, the network (the tabular network: one embedding per ID, width 24) is fitted on two
 ranks with its tables replicated and split (``shardEmbeddingsAbove``), and per rank it
-records the peak resident memory, the bytes of its variables, the bytes exchanged per step
-and the samples/s; then the held-out AUC of each fit, of LightGBM and XGBoost with their
+records the peak resident memory (and what the network adds to it: the peak less the rank's
+memory when it joined, before loading the network), the bytes of its variables, the bytes
+exchanged per step and the samples/s; then the held-out AUC of each fit, of LightGBM and XGBoost with their
 native categorical support (on the driver, on the same training rows), and of MLlib's
 logistic regression on the one-hot IDs. Run:
 
@@ -79,7 +80,11 @@ def fit_network(train, test, levels: int, items: int, shard: bool, args) -> dict
     scored = model.transform(test).withColumn("p", vector_to_array("probability")[1])
     auc = BinaryClassificationEvaluator(rawPredictionCol="p", labelCol="label").evaluate(scored)
     ranks = [{"rank": r["rank"], "peak_rss_mb": r["peak_rss_mb"], "variable_mb": round(r["variable_bytes"] / 2**20, 1),
-              "bytes_per_step": round(r["allreduce_bytes"] / max(1, r["allreduce_calls"]))}
+              "bytes_per_step": round(r["allreduce_bytes"] / max(1, r["allreduce_calls"])),
+              # What the network adds to the rank process: its peak less its memory when it
+              # joined (TensorFlow, Horovod and the rank's spec already loaded).
+              "model_peak_mb": round(r["peak_rss_mb"] - r["memory"]["joined"][0], 1),
+              "memory": r.get("memory")}
              for r in s["ranks"]]
     hist = s["history"]
     return {"mode": "sharded" if shard else "replicated", "auc": round(auc, 4), "fit_s": round(seconds, 1),

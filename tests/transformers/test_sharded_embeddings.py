@@ -12,6 +12,7 @@ from pyspark.ml.linalg import Vectors
 from sparkdeep.distributed import RankFailedError
 from sparkdeep.transformers._faults import FAIL_AT_EPOCH_ENV
 from sparkdeep.transformers.keras import sharding
+from sparkdeep.transformers.keras.network import keras_from_bytes, keras_to_bytes
 from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 LEVELS = 600  # the table: 601 rows (with the unseen/null bucket) x 24 = 57,696 bytes
@@ -159,7 +160,7 @@ def test_an_ensemble_network_splits_into_a_graph_of_its_own_with_the_same_weight
                                     ensemble=4)
     shards = sharding.RankShards(sharding.plan_tables(net, 2000), hvd=None, rank=1, size=2)
     assert [(p.rows, p.width) for p in shards.plans] == [(41, 13), (1502, 24)]
-    split = shards.split(net)
+    split = shards.load(keras_to_bytes(net))
     objective(split, keras.losses.get("binary_crossentropy"), lambda y: y[:, None])  # raised before
     whole = {v.path: v.numpy() for v in net.weights}
     for v in split.weights:
@@ -168,3 +169,26 @@ def test_an_ensemble_network_splits_into_a_graph_of_its_own_with_the_same_weight
         np.testing.assert_array_equal(v.numpy(), whole[v.path])
     tables = [tuple(t.shape) for t in next(x for x in split.layers if x.name == "embeddings").tables]
     assert tables == [(9, 5), (20, 13), (751, 24)]
+
+
+def test_the_archive_plans_as_the_built_network_and_the_driver_puts_every_ranks_rows_back():
+    """A rank plans from the archive's config alone and builds only its rows; the driver's
+    assemble gives the whole network back, weight for weight, and refuses a short part."""
+    import keras
+    net = _net(3)
+    data = keras_to_bytes(net)
+    assert sharding.plan_archive(data, ABOVE) == sharding.plan_tables(net, ABOVE)
+    assert sharding.plan_archive(data, 0) == []
+    parts = []
+    for rank in (0, 1):
+        shards = sharding.RankShards(sharding.plan_archive(data, ABOVE), hvd=None, rank=rank, size=2)
+        mine = shards.load(data)
+        (table,) = [v for v in mine.weights if shards.is_local(v)]
+        assert tuple(table.shape) == (sharding.shard_rows(LEVELS + 1, rank, 2), 24)
+        parts.append(shards.result_weights(mine))
+    whole = keras_from_bytes(sharding.assemble(data, parts, ABOVE))
+    for a, b in zip(whole.get_weights(), net.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert isinstance(whole.get_layer("embeddings"), keras.layers.Layer)
+    with pytest.raises(ValueError, match="rank 1 returned 301 rows"):
+        sharding.assemble(data, [parts[0], parts[0]], ABOVE)

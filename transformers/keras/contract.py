@@ -119,6 +119,9 @@ class RankResult:
     timings: RankTimings
     history: list | None = None
     model_bytes: bytes | None = None
+    # Split tables: this rank's trained weights by index, for the driver to put the network
+    # together (:func:`.sharding.assemble`; rank 0's model_bytes is then None).
+    split_weights: dict | None = None
     staleness: dict | None = None  # parameter_server: other updates between a read and its write
     # Per epoch, this rank's own profile (:mod:`.profile`): the time split, CPU, FLOP/s, memory.
     profile: list | None = None
@@ -128,10 +131,12 @@ class RankResult:
     sharded: list | None = None
     variable_bytes: int | None = None  # the rank's model and optimizer variables when training ended
     peak_rss_mb: float | None = None   # the rank process's peak resident memory, its trained network saved
+    # Resident memory at points of the rank's life: {point: [rss_mb, peak_rss_mb so far]}.
+    memory: dict | None = None
 
     def report(self) -> dict:
         """The rank's entry in ``trainingSummary['ranks']`` (JSON-clean, no bytes)."""
         keys = ("rank", "rows", "validation_rows", "rows_per_epoch", "trimmed_per_epoch", "rows_seen",
                 "max_window_rows", "weights_digest", "allreduce_calls", "allreduce_bytes", "devices", "code_path",
-                "horovod_imported", "os_threads", "sharded", "variable_bytes", "peak_rss_mb")
+                "horovod_imported", "os_threads", "sharded", "variable_bytes", "peak_rss_mb", "memory")
         return {k: getattr(self, k) for k in keys}

@@ -260,7 +260,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
                                backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
         summary = _summary(results, spec, resume, input_dim=checked["width"], skipped=skipped,
                            times=(t_launch, t_staged, time.time()))
-        return self._model(results[0].model_bytes, summary)
+        return self._model(_trained_network(results, model_bytes, spec), summary)
 
     def _weight_col(self) -> str | None:
         return self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
@@ -353,6 +353,15 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         self._copyValues(model)
         model._set(task=self.getTask())
         return model
+
+
+def _trained_network(results: list, model_bytes: bytes, spec: RankSpec) -> bytes:
+    """Rank 0's trained network, or, where the ranks split tables, the network they started
+    from (``model_bytes``) with every rank's trained rows put back together."""
+    if results[0].model_bytes is not None:
+        return results[0].model_bytes
+    from .sharding import assemble
+    return assemble(model_bytes, [r.split_weights for r in results], spec.shard_embeddings_above)
 
 
 def _summary(results: list, spec: RankSpec, resume: dict | None, *, input_dim: int, skipped: int,

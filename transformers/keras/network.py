@@ -8,20 +8,49 @@ import os
 import tempfile
 
 
-def keras_from_bytes(data: bytes):
+def keras_from_bytes(data: bytes, *, renamed: dict | None = None, custom_objects: dict | None = None):
     """Load a ``.keras`` archive in safe mode (refuses embedded Python code).
 
     Safe mode imports no module an archive names outside Keras: a custom layer loads only
     if registered, so sparkdeep's own layers are imported first (here, which every load,
-    a fresh Horovod rank's included, goes through)."""
+    a fresh Horovod rank's included, goes through).
+
+    ``renamed`` (layer name -> registered name) and ``custom_objects`` (registered name ->
+    class) load the named layers as another class, for this load only (a rank's split
+    tables): Keras lets a registered class win over ``custom_objects``, so the layers are
+    renamed in the archive's config first."""
     import keras
 
     from .. import _keras_layers  # noqa: F401 - registers sparkdeep>ColumnEmbeddings
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as fh:
-            fh.write(data)
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
+        if renamed:
+            _write_renamed(data, path, renamed)
+        else:
+            with open(path, "wb") as fh:
+                fh.write(data)
+        return keras.saving.load_model(path, compile=False, safe_mode=True, custom_objects=custom_objects)
+
+
+def _write_renamed(data: bytes, path: str, renamed: dict) -> None:
+    """The archive ``data`` at ``path``, its config's top-level layers named in ``renamed``
+    given the registered name it says (every other member copied as it is)."""
+    import io
+    import json
+    import shutil
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            if info.filename == "config.json":
+                config = json.loads(src.read(info))
+                for entry in (config.get("config") or {}).get("layers") or []:
+                    if entry.get("config", {}).get("name") in renamed:
+                        entry["registered_name"] = renamed[entry["config"]["name"]]
+                dst.writestr(info, json.dumps(config))
+                continue
+            with src.open(info) as fin, dst.open(info, "w") as fout:
+                shutil.copyfileobj(fin, fout, 2 ** 20)
+
 
 def keras_to_bytes(model) -> bytes:
     """The model as the bytes of a ``.keras`` archive (Keras 3's own format, no pickle)."""

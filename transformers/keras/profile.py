@@ -86,6 +86,30 @@ def peak_rss_mb() -> float:
     return round(peak / (1024 * 1024 if os.uname().sysname == "Darwin" else 1024), 1)
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (Linux; 0.0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+    except OSError:
+        return 0.0
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+class MemoryMarks:
+    """Resident memory at the named points of a rank's life (``mark``): where its peak
+    came from. :meth:`report` is ``{point: [rss_mb, peak_rss_mb so far]}``."""
+
+    def __init__(self):
+        self._marks: dict[str, list] = {}
+
+    def mark(self, point: str) -> None:
+        self._marks[point] = [rss_mb(), peak_rss_mb()]
+
+    def report(self) -> dict:
+        return dict(self._marks)
+
+
 class EpochClock:
     """Wall and CPU time of one epoch of this process (all its threads: TensorFlow's,
     the feed's prefetch thread, Horovod's background thread)."""

@@ -41,7 +41,7 @@ from sparkdeep.transformers._faults import after_epoch_hook
 from .checkpoints import best_weights_from, load_optimizer_state, optimizer_arrays, send_checkpoint
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
-from .profile import EpochClock, EpochTrace, peak_rss_mb, training_flops_per_sample
+from .profile import EpochClock, EpochTrace, MemoryMarks, peak_rss_mb, training_flops_per_sample
 from .strategies import add_gradients, merged, scale_gradients
 
 log = logging.getLogger(__name__)
@@ -476,10 +476,13 @@ def train_rank(spec: RankSpec) -> RankResult:
     keras.utils.set_random_seed(int(spec.seed) + rank)
 
     resume = spec.resume
-    model = keras_from_bytes(resume["model_bytes"] if resume else spec.model_bytes)
-    shards = _split_tables(model, spec, strategy, rank, size)
-    if shards:
-        model = shards.split(model)  # the whole tables go with the loaded network
+    memory = MemoryMarks()
+    memory.mark("joined")
+    network = resume["model_bytes"] if resume else spec.model_bytes
+    shards = _split_tables(network, spec, strategy, rank, size)
+    model = shards.load(network) if shards else keras_from_bytes(network)  # split: this rank's rows only
+    del network
+    memory.mark("loaded")
     folder = os.environ[RANK_DATA_ENV]
     counts = _shard_counts(folder)
     batch, accum = int(spec.batch_size), int(spec.accumulation_steps)
@@ -522,6 +525,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     strategy.broadcast([v for v in list(model.variables) + list(optimizer.variables)
                         if not (shards and shards.is_local(v))])
     launch["model_ready"] = time.time()
+    memory.mark("ready")
 
     def after_update() -> bool:
         return strategy.after_update(model, update_no)
@@ -542,6 +546,7 @@ def train_rank(spec: RankSpec) -> RankResult:
 
     def one_epoch(epoch: int) -> dict:
         nonlocal t_first_step
+        memory.mark(f"epoch {epoch + 1} start")
         t0 = time.time()
         bytes_before = strategy.bytes
         trace.begin(epoch + 1)
@@ -562,6 +567,7 @@ def train_rank(spec: RankSpec) -> RankResult:
         finally:
             batches.close()
         epoch_profile = clock.profile(done, flops)
+        memory.mark(f"epoch {epoch + 1} trained")
         trace.end()
         profile.append({"epoch": epoch + 1, **epoch_profile})
         seen_rows.append(done["rows"])
@@ -605,11 +611,13 @@ def train_rank(spec: RankSpec) -> RankResult:
         val_feed.close()
 
     chief = rank == 0
+    memory.mark("trained")
     digest = weights_digest(model) if not shards else shards.digest(model)
     held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in list(model.variables) + list(optimizer.variables))
-    whole = shards.whole_model(model) if shards else model  # every rank takes part; rank 0 gets it
-    model_bytes = keras_to_bytes(whole) if chief else None
-    del whole
+    # Split tables: every rank hands the driver its rows, the driver puts the network together.
+    model_bytes = keras_to_bytes(model) if chief and not shards else None
+    split_weights = shards.result_weights(model) if shards else None
+    memory.mark("saved")
     strategy.finish()
     return RankResult(
         rank=rank, size=size, strategy=spec.strategy, rows=feed.rows,
@@ -622,17 +630,19 @@ def train_rank(spec: RankSpec) -> RankResult:
         timings=RankTimings(enter=t_enter, first_step=t_first_step or t_end, train_start=t_train0, end=t_end,
                             checkpoints=round(checkpoint_s, 3), launch=launch),
         profile=profile, flops_per_sample=flops,
-        history=history if chief else None, model_bytes=model_bytes, sharded=shards.held() if shards else None,
-        variable_bytes=held, peak_rss_mb=peak_rss_mb())
+        history=history if chief else None, model_bytes=model_bytes, split_weights=split_weights,
+        sharded=shards.held() if shards else None,
+        variable_bytes=held, peak_rss_mb=peak_rss_mb(), memory=memory.report())
 
 
-def _split_tables(model, spec: RankSpec, strategy, rank: int, size: int):
-    """The :class:`.sharding.RankShards` of this rank when ``spec`` splits a table of
-    ``model`` (one larger than ``shard_embeddings_above`` bytes, more than one rank), else None."""
+def _split_tables(network: bytes, spec: RankSpec, strategy, rank: int, size: int):
+    """The :class:`.sharding.RankShards` of this rank when ``spec`` splits a table of the
+    ``network`` archive (one larger than ``shard_embeddings_above`` bytes, more than one
+    rank), else None."""
     if not spec.shard_embeddings_above or size < 2:
         return None
-    from .sharding import RankShards, plan_tables
-    plans = plan_tables(model, spec.shard_embeddings_above)
+    from .sharding import RankShards, plan_archive
+    plans = plan_archive(network, spec.shard_embeddings_above)
     if not plans:
         return None
     if rank == 0:

@@ -10,13 +10,19 @@ the row back (two all-to-alls, :func:`alltoall_lookup`); the gradient of those r
 back the same way, by the all-to-all's own gradient, so each owner receives the sum of every
 rank's gradient for its rows. Every other weight stays a replica, averaged by the strategy.
 
-Invisible outside the ranks: a checkpoint and the trained model hold the whole table
-(:meth:`RankShards.whole_model` gathers it), so the saved ``.keras`` file, scoring, the export
-and the HTTP scorer never know the table was split. Only the ``horovod`` strategy shards
+No rank ever holds a whole split table: :meth:`RankShards.load` builds the rank's network
+from the archive with its own rows only, and the trained network is put back together on the
+driver (:func:`assemble`) from every rank's rows. Invisible outside the ranks: a checkpoint
+and the trained model hold the whole table (a checkpoint's is gathered to rank 0,
+:meth:`RankShards.whole_model`), so the saved ``.keras`` file, scoring, the export and the
+HTTP scorer never know the table was split. Only the ``horovod`` strategy shards
 (``sparkdeep.registry.STRATEGY_RULES``).
 """
 from __future__ import annotations
 
+import io
+import json
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,19 +49,39 @@ class TablePlan:
         return self.rows * self.width * _ENTRY_BYTES
 
 
+def _layer_plans(layer, above: int) -> list[TablePlan]:
+    return [p for g, (width, _, rows) in enumerate(layer._groups)
+            if (p := TablePlan(layer.name, g, int(rows), int(width))).bytes > int(above)]
+
+
 def plan_tables(model, above: int) -> list[TablePlan]:
     """The tables of ``model``'s :class:`ColumnEmbeddings` layers holding more than ``above``
     bytes (none when ``above`` is 0)."""
     from .._keras_layers import ColumnEmbeddings
     if int(above) <= 0:
         return []
+    return [p for layer in model.layers if isinstance(layer, ColumnEmbeddings) for p in _layer_plans(layer, above)]
+
+
+#: How a ``.keras`` archive's config names the layer (its registered name), and the name a
+#: rank loads a layer to split by (registered nowhere: it reaches :meth:`RankShards.load`'s class).
+_REGISTERED = "sparkdeep>ColumnEmbeddings"
+_RANK_REGISTERED = "sparkdeep_rank>ColumnEmbeddings"
+
+
+def plan_archive(model_bytes: bytes, above: int) -> list[TablePlan]:
+    """:func:`plan_tables` of the network in a ``.keras`` archive, read from its config alone
+    (no weights loaded: a rank learns what it will split before it builds anything)."""
+    from .._keras_layers import ColumnEmbeddings
+    if int(above) <= 0:
+        return []
+    with zipfile.ZipFile(io.BytesIO(model_bytes)) as zf:
+        config = json.loads(zf.read("config.json"))
     out = []
-    for layer in model.layers:
-        if isinstance(layer, ColumnEmbeddings):
-            for g, (width, _, rows) in enumerate(layer._groups):
-                plan = TablePlan(layer.name, g, int(rows), int(width))
-                if plan.bytes > int(above):
-                    out.append(plan)
+    for entry in (config.get("config") or {}).get("layers") or []:
+        if entry.get("registered_name") == _REGISTERED:
+            c = entry["config"]
+            out += _layer_plans(ColumnEmbeddings(c["cardinalities"], c["dims"], name=c["name"]), above)
     return out
 
 
@@ -78,6 +104,17 @@ def alltoall_lookup(hvd, shard, rows, rank: int, size: int):
     back, _ = hvd.alltoall(found, splits=wanted_splits)
     vectors = tf.gather(back, tf.math.invert_permutation(order))
     return tf.reshape(vectors, tf.concat([tf.shape(rows), tf.shape(shard)[1:]], 0))
+
+
+def _stored_rows(store, key: str, rank: int, size: int) -> np.ndarray:
+    """Rows ``rank::size`` of the array ``key`` of a Keras weights store. Where the store
+    is Keras' HDF5 one, h5py reads those rows only (the whole table is never an array
+    here); any other store gives the whole array first."""
+    group = getattr(store, "_h5_entry_group", None)
+    dataset = group.get(key) if hasattr(group, "get") else None
+    if dataset is not None and hasattr(dataset, "attrs") and "dtype" not in dataset.attrs:
+        return dataset[rank::size]
+    return np.asarray(store[key])[rank::size]
 
 
 def _sharded_layer_class():
@@ -105,16 +142,27 @@ def _sharded_layer_class():
                 return self._split_lookup(table, rows)
             return super()._lookup(g, table, rows)
 
+        def load_own_variables(self, store):
+            # A whole table from the archive, cut to this rank's rows as it is read.
+            split = [self.tables[g] for g in self._split]
+            for i, v in enumerate(self._trainable_variables + self._non_trainable_variables):
+                if any(v is t for t in split):
+                    v.assign(_stored_rows(store, f"{i}", self._rank, self._size))
+                else:
+                    v.assign(store[f"{i}"])
+
     return ShardedColumnEmbeddings
 
 
 class RankShards:
     """One rank's view of the split tables of a network.
 
-    :meth:`split` turns the whole network into this rank's (the split tables' rows
-    ``rank::size`` only); :meth:`whole_model` and :meth:`whole_weights` put the tables back
-    together (collective: every rank calls them), :meth:`local_weights` and
-    :meth:`load_optimizer` take a whole checkpoint's arrays down to this rank's rows.
+    :meth:`load` builds this rank's network from a whole network's archive (the split
+    tables' rows ``rank::size`` only); :meth:`result_weights` is what the rank hands the
+    driver to put the trained network together (:func:`assemble`); :meth:`whole_model` and
+    :meth:`whole_weights` put the tables back together on rank 0 for a checkpoint
+    (collective: every rank calls them); :meth:`local_weights` and :meth:`load_optimizer`
+    take a whole checkpoint's arrays down to this rank's rows.
     """
 
     def __init__(self, plans: list[TablePlan], hvd, rank: int, size: int):
@@ -128,40 +176,45 @@ class RankShards:
 
     # -- the rank's network ---------------------------------------------------------------
 
-    def split(self, model):
-        """``model`` with each planned table cut to this rank's rows (the whole tables are
-        dropped with ``model``: the caller keeps only what this returns)."""
-        import keras
+    def load(self, model_bytes: bytes):
+        """This rank's network from the whole network's ``.keras`` archive: each planned
+        table built with this rank's rows only and filled from the archive's table as it
+        is read (the whole table is never a variable here)."""
+        from .._keras_layers import ColumnEmbeddings
+
+        from .network import keras_from_bytes
         cls = _sharded_layer_class()
         by_layer: dict[str, set] = {}
         for p in self.plans:
             by_layer.setdefault(p.layer, set()).add(p.table)
+        shards = self
 
         def lookup(table, rows):
-            return alltoall_lookup(self.hvd, table, rows, self.rank, self.size)
+            return alltoall_lookup(shards.hvd, table, rows, shards.rank, shards.size)
 
-        def clone(layer):
-            if layer.name not in by_layer:
-                # A fresh copy (its weights copied below), not the layer itself: a layer
-                # shared with the whole network would keep pointing into that network's graph
-                # (an ensemble's members view reads its mean layer's input).
-                return layer.__class__.from_config(layer.get_config())
-            config = layer.get_config()
-            self._configs[layer.name] = config
-            new = cls(config["cardinalities"], config["dims"], split=by_layer[layer.name], lookup=lookup,
-                      rank=self.rank, size=self.size, name=layer.name)
-            self._layers[layer.name] = (new, layer)
-            return new
+        class SplitOnLoad(ColumnEmbeddings):
+            @classmethod
+            def from_config(cls_, config):
+                if config.get("name") not in by_layer:
+                    return ColumnEmbeddings.from_config(config)
+                split = by_layer[config["name"]]
 
-        rank_model = keras.models.clone_model(model, clone_function=clone)
-        for new_layer, old_layer in zip(rank_model.layers, model.layers):
-            if old_layer.name not in by_layer and old_layer.weights:
-                new_layer.set_weights(old_layer.get_weights())
-        for name, (new, old) in self._layers.items():
-            for g, (table, whole) in enumerate(zip(new.tables, old.tables)):
-                value = np.asarray(whole.numpy())
-                table.assign(value[self.rank::self.size] if g in new._split else value)
-            self._layers[name] = new
+                class Bound(cls):  # this rank's split of this layer; Keras' from_config reads the rest
+                    def __init__(self, cardinalities, dims, **kwargs):
+                        super().__init__(cardinalities, dims, split=split, lookup=lookup, rank=shards.rank,
+                                         size=shards.size, **kwargs)
+
+                # The archive files a layer's weights under its class's name: keep the whole layer's.
+                Bound.__name__ = Bound.__qualname__ = ColumnEmbeddings.__name__
+                shards._configs[config["name"]] = dict(config)
+                layer = shards._layers[config["name"]] = Bound.from_config(config)
+                return layer
+
+        rank_model = keras_from_bytes(model_bytes, renamed={name: _RANK_REGISTERED for name in by_layer},
+                                      custom_objects={_RANK_REGISTERED: SplitOnLoad})
+        missing = sorted(set(by_layer) - set(self._layers))
+        if missing:
+            raise ValueError(f"the network has no ColumnEmbeddings layer named {missing} to split")
         # (plan, this rank's variable), in plan order
         self._split_vars = [(p, self._layers[p.layer].tables[p.table]) for p in self.plans]
         self._variables = [v for _, v in self._split_vars]
@@ -188,6 +241,13 @@ class RankShards:
             out.append({"layer": p.layer, "table": p.table, "rows": p.rows, "width": p.width,
                         "rows_held": local, "bytes": p.bytes, "bytes_held": local * p.width * _ENTRY_BYTES})
         return out
+
+    def result_weights(self, model) -> dict:
+        """What this rank hands the driver for :func:`assemble`: ``model``'s weights by
+        index in ``get_weights`` order, rank 0 all of them, another rank its rows of the split
+        tables only (arrays, not an archive: one copy of the rows, which the result's
+        pickling copies once more)."""
+        return {i: v.numpy() for i, v in enumerate(model.weights) if self.rank == 0 or self._is_split(v)}
 
     # -- whole tables back (collective) -----------------------------------------------------
 
@@ -315,3 +375,40 @@ class RankShards:
             if not self._is_split(v):
                 h.update(np.asarray(w).tobytes())
         return h.hexdigest()
+
+
+def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
+    """The trained whole network's ``.keras`` archive, on the driver: the architecture of
+    ``model_bytes`` (the network the ranks started from), rank 0's weights, and every split
+    table put back together from each rank's rows (``parts``, one
+    :meth:`RankShards.result_weights` per rank, in rank order).
+
+    Raises
+    ------
+    ValueError
+        A rank's part lacks a weight or holds a split table of the wrong number of rows.
+    """
+    from .network import keras_from_bytes, keras_to_bytes
+    whole = keras_from_bytes(model_bytes)
+    size = len(parts)
+    split = {}
+    for p in plan_tables(whole, above):
+        table = whole.get_layer(p.layer).tables[p.table]
+        split[next(i for i, v in enumerate(whole.weights) if v is table)] = p.rows
+    weights = []
+    for i, v in enumerate(whole.weights):
+        if any(i not in part for part in (parts if i in split else parts[:1])):
+            raise ValueError(f"a rank's trained weights lack weight {i} ({v.path})")
+        if i not in split:
+            weights.append(parts[0][i])
+            continue
+        rows = split[i]
+        value = np.empty(tuple(v.shape), dtype=parts[0][i].dtype)
+        for r, part in enumerate(parts):
+            if len(part[i]) != shard_rows(rows, r, size):
+                raise ValueError(f"rank {r} returned {len(part[i])} rows of {v.path}, "
+                                 f"expected {shard_rows(rows, r, size)} of {rows}")
+            value[r::size] = part[i]
+        weights.append(value)
+    whole.set_weights(weights)
+    return keras_to_bytes(whole)
