@@ -52,21 +52,45 @@ def _spec(tmp_path, name: str, shape: synth.Shape, extra: dict) -> str:
     return str(path)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, shape, extra, metric, tolerance", SHAPES, ids=[s[0] for s in SHAPES])
-def test_a_generated_shape_goes_through_the_five_steps_to_a_model_near_what_is_reachable(
-        spark, tmp_path, name, shape, extra, metric, tolerance):
+def _five_steps(spark, tmp_path, name: str, shape: synth.Shape, extra: dict, overrides=()) -> dict:
+    """Each step's report of one run of the five steps on the generated table."""
     spec = _spec(tmp_path, name, shape, extra)
     out = tmp_path / "out"
     cfg = load_config(CONF, env="ci", overrides=[
         f"data.dataset={spec}", "data.sample_fraction=1.0", f"output_dir={out}", "tracking.enabled=false",
         "train.epochs=3", "train.batch_size=0", "baselines.models=[" +
-        ("linear_regression" if shape.task == "regression" else "logistic_regression") + "]"])
+        ("linear_regression" if shape.task == "regression" else "logistic_regression") + "]", *overrides])
     paths = Paths.under(cfg.output_dir)
     reports = {}
     for step in runs.STEPS:
         module = importlib.import_module(f"sparkdeep.jobs.{step}")
         reports[step] = run_step(step, module.step, spark, cfg, paths)
+    return reports
+
+
+@pytest.mark.slow
+def test_an_id_of_more_levels_than_buckets_is_hashed_split_across_the_ranks_and_still_learned(spark, tmp_path):
+    """prepare.hash_buckets and train.shard_embeddings_above through the five steps: the ID
+    of 3,000 levels is hashed (no vocabulary), its table split over the two ranks, and the
+    held-out AUC still near what the generator knows is reachable."""
+    shape = synth.Shape(rows=6_000, task="binary", numeric=2, levels=(3_000, 6), skew=1.2, strength=3.0, seed=8)
+    reports = _five_steps(spark, tmp_path, "hashed_split", shape,
+                          {"features": {"max_categories": 100_000}},
+                          overrides=["prepare.hash_buckets=1024", "train.shard_embeddings_above=1"])
+    assert list(reports["prepare"]["hashed_columns"]) == ["cat0"], reports["prepare"]["hashed_columns"]
+    ranks = reports["train"]["keras"]["ranks"]
+    assert len(ranks) == 2 and all(r["sharded"] for r in ranks), ranks
+    held = [sum(t["rows_held"] for t in r["sharded"]) for r in ranks]
+    assert sum(held) == sum(t["rows"] for t in ranks[0]["sharded"]) and abs(held[0] - held[1]) <= len(held), held
+    auc = reports["evaluate"]["metrics"]["keras_horovod"]["auc"]
+    assert auc >= synth.reachable(spark, shape)["auc"] - 0.12, reports["evaluate"]["metrics"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, shape, extra, metric, tolerance", SHAPES, ids=[s[0] for s in SHAPES])
+def test_a_generated_shape_goes_through_the_five_steps_to_a_model_near_what_is_reachable(
+        spark, tmp_path, name, shape, extra, metric, tolerance):
+    reports = _five_steps(spark, tmp_path, name, shape, extra)
     held = reports["evaluate"]["metrics"]["keras_horovod"][metric]
     reachable = synth.reachable(spark, shape)[metric]
     assert held >= reachable - tolerance, (name, held, reachable, reports["evaluate"]["metrics"])
