@@ -190,5 +190,53 @@ def test_the_archive_plans_as_the_built_network_and_the_driver_puts_every_ranks_
     for a, b in zip(whole.get_weights(), net.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert isinstance(whole.get_layer("embeddings"), keras.layers.Layer)
-    with pytest.raises(ValueError, match="rank 1 returned 301 rows"):
+    with pytest.raises(ValueError, match=r"rank 1 returned \(301, 24\) float32 of .*expected \(300, 24\)"):
         sharding.assemble(data, [parts[0], parts[0]], ABOVE)
+
+
+def _with_weights(data: bytes, edit) -> bytes:
+    """The archive ``data`` with ``edit(h5py.File)`` applied to its weights file."""
+    import io
+    import zipfile
+
+    import h5py
+    src = zipfile.ZipFile(io.BytesIO(data))
+    weights = io.BytesIO(src.read("model.weights.h5"))
+    with h5py.File(weights, "a") as fh:
+        edit(fh)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, weights.getvalue() if info.filename == "model.weights.h5" else src.read(info))
+    return out.getvalue()
+
+
+def test_a_rank_refuses_an_archive_whose_table_points_outside_it_or_holds_more_than_the_layer(tmp_path):
+    """A rank's own read of its rows keeps Keras' safe-mode checks: a table stored in a file
+    outside the archive, an extra variable or a table of another shape is refused, as the
+    whole load refuses it, instead of being read into the network."""
+    net = _net(2)
+    data = keras_to_bytes(net)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not a weight" * 20_000)
+    vars_ = "layers/column_embeddings/vars"
+
+    def external(fh):
+        shape = fh[f"{vars_}/0"].shape
+        del fh[f"{vars_}/0"]
+        fh[vars_].create_dataset("0", shape=shape, dtype="<f4", external=[(str(outside), 0, int(np.prod(shape)) * 4)])
+
+    def extra(fh):
+        fh[f"{vars_}/1"] = np.zeros((3, 3), "f4")
+
+    def reshaped(fh):
+        del fh[f"{vars_}/0"]
+        fh[f"{vars_}/0"] = np.zeros((LEVELS + 1, 12), "f4")
+
+    for edit, why in ((external, "external Dataset"), (extra, "expected 1 variables"), (reshaped, r"\(601, 12\)")):
+        bad = _with_weights(data, edit)
+        if edit is not reshaped:  # Keras' own whole load refuses these two alike
+            with pytest.raises(ValueError, match=why):
+                keras_from_bytes(bad)
+        with pytest.raises(ValueError, match=why):
+            sharding.RankShards(sharding.plan_archive(bad, ABOVE), hvd=None, rank=1, size=2).load(bad)

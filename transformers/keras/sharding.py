@@ -106,15 +106,29 @@ def alltoall_lookup(hvd, shard, rows, rank: int, size: int):
     return tf.reshape(vectors, tf.concat([tf.shape(rows), tf.shape(shard)[1:]], 0))
 
 
-def _stored_rows(store, key: str, rank: int, size: int) -> np.ndarray:
-    """Rows ``rank::size`` of the array ``key`` of a Keras weights store. Where the store
-    is Keras' HDF5 one, h5py reads those rows only (the whole table is never an array
-    here); any other store gives the whole array first."""
+def _stored_rows(store, key: str, shape: tuple, rank: int, size: int) -> np.ndarray:
+    """Rows ``rank::size`` of the array ``key`` (of ``shape``, the whole table's) of a Keras
+    weights store. Where the store is Keras' HDF5 one, the dataset passes Keras' own safety
+    checks (no links, external, virtual or bomb datasets) and its shape is checked, then
+    h5py reads those rows only (the whole table is never an array here); any other store
+    gives the whole array first.
+
+    Raises
+    ------
+    ValueError
+        The stored table is not of ``shape``, or Keras refuses the dataset.
+    """
     group = getattr(store, "_h5_entry_group", None)
-    dataset = group.get(key) if hasattr(group, "get") else None
-    if dataset is not None and hasattr(dataset, "attrs") and "dtype" not in dataset.attrs:
-        return dataset[rank::size]
-    return np.asarray(store[key])[rank::size]
+    dataset = None
+    if hasattr(group, "get") and key in group:
+        from keras.src.saving.saving_lib import safe_get_h5_dataset
+        dataset = safe_get_h5_dataset(group, key)
+        if "dtype" in dataset.attrs:  # stored in a dtype of Keras' own (bfloat16): its reader
+            dataset = None
+    value = dataset if dataset is not None else np.asarray(store[key])
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"the archive's table {key!r} is {tuple(value.shape)}, the layer's is {tuple(shape)}")
+    return value[rank::size]
 
 
 def _sharded_layer_class():
@@ -144,10 +158,12 @@ def _sharded_layer_class():
 
         def load_own_variables(self, store):
             # A whole table from the archive, cut to this rank's rows as it is read.
-            split = [self.tables[g] for g in self._split]
+            self._check_load_own_variables(store)
+            split = {id(self.tables[g]): g for g in self._split}
             for i, v in enumerate(self._trainable_variables + self._non_trainable_variables):
-                if any(v is t for t in split):
-                    v.assign(_stored_rows(store, f"{i}", self._rank, self._size))
+                if id(v) in split:
+                    width, _, rows = self._groups[split[id(v)]]
+                    v.assign(_stored_rows(store, f"{i}", (rows, width), self._rank, self._size))
                 else:
                     v.assign(store[f"{i}"])
 
@@ -405,10 +421,12 @@ def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
         rows = split[i]
         value = np.empty(tuple(v.shape), dtype=parts[0][i].dtype)
         for r, part in enumerate(parts):
-            if len(part[i]) != shard_rows(rows, r, size):
-                raise ValueError(f"rank {r} returned {len(part[i])} rows of {v.path}, "
-                                 f"expected {shard_rows(rows, r, size)} of {rows}")
-            value[r::size] = part[i]
+            want = (shard_rows(rows, r, size),) + tuple(v.shape)[1:]
+            got = np.asarray(part[i])
+            if got.shape != want or got.dtype != value.dtype:
+                raise ValueError(f"rank {r} returned {got.shape} {got.dtype} of {v.path}, "
+                                 f"expected {want} {value.dtype} (its rows of {rows})")
+            value[r::size] = got
         weights.append(value)
     whole.set_weights(weights)
     return keras_to_bytes(whole)
