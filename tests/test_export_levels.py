@@ -65,4 +65,5 @@ def test_a_million_level_vocabulary_exports_serves_and_scores_as_spark_does(spar
     assert status == 200, got
     np.testing.assert_allclose([p["probability"] for p in got["predictions"]], want, rtol=1e-5, atol=1e-6)
     # The unseen and the null level share the table's last row: one score.
-    assert want[-1] == want[-2] and len(set(np.round(want, 6))) > 10
+    # (Spark scores them in different batches: equal to float32 rounding.)
+    assert abs(want[-1] - want[-2]) < 1e-6 and len(set(np.round(want, 6))) > 10
