@@ -193,6 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--trees", type=int, default=300)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--modes", nargs="+", choices=("replicated", "split"), default=["replicated", "split"],
+                   help="which of the network's fits to run")
     p.add_argument("--tree-memory-gb", type=float, default=8.0)
     p.add_argument("--public", choices=("movielens",), help="a public ratings table instead of generated ones")
     p.add_argument("--tree", choices=("lightgbm", "xgboost"), help=argparse.SUPPRESS)  # the child of fit_tree_apart
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
         point = {"table": args.public or "generated", "levels": users, "items": items, "rows": len(data["label"]),
                  "users_seen_in_training": int(len(set(data["user"][~data["held"]].tolist()))), "networks": []}
         results["points"].append(point)
-        for shard in (False, True):
+        for shard in [m == "split" for m in args.modes]:
             point["networks"].append(fit_network(train, test, users, items, shard, args))
             print(point["networks"][-1], flush=True)
             _results.write(args.out, results)  # what is measured so far survives a crash
