@@ -478,10 +478,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     resume = spec.resume
     memory = MemoryMarks()
     memory.mark("joined")
-    network = resume["model_bytes"] if resume else spec.model_bytes
-    shards = _split_tables(network, spec, strategy, rank, size)
-    model = shards.load(network) if shards else keras_from_bytes(network)  # split: this rank's rows only
-    del network
+    model, shards = _load_network(resume["model_bytes"] if resume else spec.model_bytes, spec, strategy, rank, size)
     memory.mark("loaded")
     folder = os.environ[RANK_DATA_ENV]
     counts = _shard_counts(folder)
@@ -612,11 +609,7 @@ def train_rank(spec: RankSpec) -> RankResult:
 
     chief = rank == 0
     memory.mark("trained")
-    digest = weights_digest(model) if not shards else shards.digest(model)
-    held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in list(model.variables) + list(optimizer.variables))
-    # Split tables: every rank hands the driver its rows, the driver puts the network together.
-    model_bytes = keras_to_bytes(model) if chief and not shards else None
-    split_weights = shards.result_weights(model) if shards else None
+    digest, held, model_bytes, split_weights = _handover(model, optimizer, shards, chief)
     memory.mark("saved")
     strategy.finish()
     return RankResult(
@@ -633,6 +626,23 @@ def train_rank(spec: RankSpec) -> RankResult:
         history=history if chief else None, model_bytes=model_bytes, split_weights=split_weights,
         sharded=shards.held() if shards else None,
         variable_bytes=held, peak_rss_mb=peak_rss_mb(), memory=memory.report())
+
+
+def _load_network(network: bytes, spec: RankSpec, strategy, rank: int, size: int):
+    """``(model, shards)``: this rank's network from the ``network`` archive, with only its
+    rows of any table it splits (``shards``, a :class:`.sharding.RankShards`, else None)."""
+    shards = _split_tables(network, spec, strategy, rank, size)
+    return (shards.load(network) if shards else keras_from_bytes(network)), shards
+
+
+def _handover(model, optimizer, shards, chief: bool) -> tuple:
+    """What the trained rank reports: ``(weights digest, variable bytes, model_bytes,
+    split_weights)``. Rank 0 of a replicated network gives its archive; with split tables
+    every rank gives its rows instead and the driver puts the network together."""
+    digest = weights_digest(model) if not shards else shards.digest(model)
+    held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in list(model.variables) + list(optimizer.variables))
+    model_bytes = keras_to_bytes(model) if chief and not shards else None
+    return digest, held, model_bytes, shards.result_weights(model) if shards else None
 
 
 def _split_tables(network: bytes, spec: RankSpec, strategy, rank: int, size: int):
