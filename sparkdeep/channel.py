@@ -4,8 +4,8 @@ The driver (:func:`sparkdeep.distributed.run_on_ranks`) opens a :class:`_Channel
 listener; each barrier task and its rank process reach it through the setting in
 ``$SPARKDEEP_HEARTBEAT`` ("host:port:token:interval_s"): a task's :func:`join` (every task's
 counts and ports, in rank order), a rank's :func:`heartbeat` thread, its output lines
-(:class:`_Lines`), its error (:func:`send_failure`) and the files it hands to the driver
-(:func:`put`). Also here: the names of the variables a rank is started with
+(:class:`_Lines`), its error (:func:`send_failure`), the files it hands to the driver
+(:func:`put`) and its result (:func:`send_result`). Also here: the names of the variables a rank is started with
 (:data:`RANK_ENV`, :data:`RANK_DATA_ENV`, ...), read by ``sparkdeep._rank_process`` and the
 rank's loop. Imports nothing of the project.
 """
@@ -46,7 +46,8 @@ class _Channel:
     the same, but each polls once a second, which cost 2 s per launch) or ``put`` (rest:
     ``<length> <name>``, then that many bytes: a file
     for the driver to store, see :func:`put`; answered ``ok`` once stored, else ``error
-    <why>``). Lines without the run's random token are ignored."""
+    <why>``) or ``result`` (rest: ``<length>``, then the rank's pickled result, kept in
+    :attr:`results`; see :func:`send_result`). Lines without the run's random token are ignored."""
 
     def __init__(self, host: str, on_plan: Callable[[list], None], out,
                  on_put: Callable[[int, str, bytes], None] | None = None, size: int = 0):
@@ -60,6 +61,7 @@ class _Channel:
         self.finished: set = set()
         self.failures: list = []
         self.traces: dict = {}
+        self.results: dict = {}  # rank -> its pickled result (:func:`send_result`)
         lock = threading.Lock()
         channel = self
 
@@ -100,7 +102,7 @@ class _Channel:
                                 out.flush()
                         except Exception:  # noqa: BLE001 - a closed notebook stream must not kill training
                             pass
-                    elif kind == "put":
+                    elif kind in ("put", "result"):
                         size, _, name = rest.partition(" ")
                         if not size.isdigit():
                             return
@@ -108,9 +110,12 @@ class _Channel:
                         if len(data) != int(size):
                             return  # the rank went away mid-file: nothing is stored
                         try:
-                            if on_put is None:
+                            if kind == "result":
+                                channel.results[rank] = data
+                            elif on_put is None:
                                 raise RuntimeError("this launch takes no files from its ranks")
-                            on_put(rank, name, data)
+                            else:
+                                on_put(rank, name, data)
                             reply = b"ok\n"
                         except Exception as exc:  # noqa: BLE001 - the rank raises it, naming the file
                             reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
@@ -220,6 +225,29 @@ def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
         reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
     if reply != "ok":
         raise RuntimeError(f"the driver could not store {name}: {reply.removeprefix('error ') or 'no reply'}")
+
+
+def send_result(setting: str, rank, path: str, *, timeout: float = 600.0) -> None:
+    """From a task: hand its rank's pickled result (the file at ``path``) to the driver,
+    streamed from disk, and wait until the driver holds it. A result can be a network of a
+    gigabyte or more, which a Spark task result cannot carry within a driver JVM's memory
+    (the task's own row then only says it finished).
+
+    Raises
+    ------
+    RuntimeError
+        The driver did not take it (its reply).
+    """
+    import socket
+    size = os.path.getsize(path)
+    address, line = _address_and_line(setting, "result", rank, str(size))
+    with socket.create_connection(address, timeout=timeout) as conn, open(path, "rb") as fh:
+        conn.settimeout(timeout)
+        conn.sendall(line)
+        conn.sendfile(fh)
+        reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
+    if reply != "ok":
+        raise RuntimeError(f"rank {rank}: the driver did not take its result ({reply or 'no reply'})")
 
 
 class _Lines:

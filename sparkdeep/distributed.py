@@ -14,7 +14,9 @@ repartitioned ``data``, or a barrier RDD when there is none). Each task:
    ``SPARKDEEP_RANK``/``SPARKDEEP_SIZE`` (rank = partition id), the variables of its
    ``backend``, the Spark-assigned GPUs, and the shipped code on its path; the child dies
    with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
-4. returns the child's pickled result as one Arrow row.
+4. hands the child's pickled result to the driver through the channel, streamed from the
+   task's disk (a result can be a network of gigabytes, more than a Spark task result
+   carries), and returns one Arrow row saying it finished.
 
 This module is the launcher: the barrier stage, the rank task, the watch loop and the
 explanation of a failure. How the ranks find each other under each backend (``backend=``:
@@ -52,7 +54,7 @@ from typing import Callable, Sequence
 from sparkdeep.backends import (BACKENDS, TIMEOUT_ENV, _free_ports, backend_env, collective_timeout, host_plan,
                                 rendezvous_for)
 from sparkdeep.channel import (_BEAT_ENV, DEVICES_ENV, LAUNCH_TIMES_ENV, RANK_DATA_ENV, RANK_ENV, SIZE_ENV, _Channel,
-                               _Lines, join, send)
+                               _Lines, join, send, send_result)
 
 # The channel and the backends' environments were split out of this module: their names
 # that callers import from here still resolve.
@@ -227,9 +229,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
                            f"os._exit); its last output: {' | '.join(list(tail)[-5:])}")
                 send(setting, "fail", rank, message)
             raise RuntimeError(f"Training rank {rank} failed: {message}")
-        with open(os.path.join(work, "result.pkl"), "rb") as fh:
-            result = fh.read()
-        return rank, result
+        send_result(setting, rank, os.path.join(work, "result.pkl"))
+        return rank, b""  # the result itself went through the channel
     finally:
         lines.close()
         if child is not None and child.poll() is None:
@@ -332,7 +333,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                 parts = parts.sortWithinPartitions(F.rand(int(shuffle_seed)))
             rows = [(r["rank"], r["result"]) for r in
                     parts.mapInArrow(run_arrow, "rank int, result binary", barrier=True).collect()]
-        return [cloudpickle.loads(result) for _, result in sorted(rows, key=lambda r: r[0])]
+        return [_result_of(channel, rank) for rank in sorted(r[0] for r in rows)]
     except Exception as exc:
         if "found" in stall:
             rank, silent_s, pid = stall["found"]
@@ -350,6 +351,15 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         if rendezvous is not None:
             rendezvous.stop()
         shipped.destroy()
+
+
+def _result_of(channel: _Channel, rank: int):
+    """Rank ``rank``'s result, unpickled, from what its task sent the channel (dropped from it)."""
+    import cloudpickle
+    data = channel.results.pop(rank, None)
+    if data is None:  # pragma: no cover - a task returns only once the driver has its result
+        raise RankFailedError(rank, "its task finished but its result never reached the driver")
+    return cloudpickle.loads(data)
 
 
 def _stalled(beats: dict, timeout: float):

@@ -31,6 +31,14 @@ def put_files():
     return "accepted"
 
 
+def big_result():
+    import os
+
+    import numpy as np
+    rank = int(os.environ["SPARKDEEP_RANK"])
+    return np.random.default_rng(rank).bytes(24 << 20)  # a network's worth, distinct per rank
+
+
 def fail_on_rank_one():
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -73,6 +81,27 @@ def test_ranks_hand_files_to_the_driver_and_hear_its_refusals(spark):
     results = run_on_ranks(put_files, num_proc=2, on_put=on_put)
     assert got == {(0, "r0.bin"): bytes(range(256)) * 4096, (1, "r1.bin"): bytes(range(256)) * 8192}
     assert results == ["the driver could not store refused: PermissionError: no room for refused"] * 2
+
+
+@pytest.mark.slow
+def test_a_rank_s_result_of_many_megabytes_reaches_the_driver_intact_and_in_rank_order(spark):
+    import numpy as np
+    results = run_on_ranks(big_result, num_proc=2)
+    assert results == [np.random.default_rng(r).bytes(24 << 20) for r in (0, 1)]
+
+
+def test_a_result_streams_through_the_channel_and_is_kept_by_rank(tmp_path):
+    import io
+
+    from sparkdeep.channel import _Channel, send_result
+    channel = _Channel("127.0.0.1", on_plan=lambda plan: None, out=io.StringIO())
+    try:
+        path = tmp_path / "result.pkl"
+        path.write_bytes(b"\n" * 3 + bytes(range(256)) * 9000)  # newlines and more than a line's limit
+        send_result(f"{channel.address}:{channel.token}:1", 3, str(path))
+        assert channel.results == {3: path.read_bytes()}
+    finally:
+        channel.close()
 
 
 def test_put_outside_a_rank_is_an_error(monkeypatch):
