@@ -5,7 +5,7 @@ listener; each barrier task and its rank process reach it through the setting in
 ``$SPARKDEEP_HEARTBEAT`` ("host:port:token:interval_s"): a task's :func:`join` (every task's
 counts and ports, in rank order), a rank's :func:`heartbeat` thread, its output lines
 (:class:`_Lines`), its error (:func:`send_failure`), the files it hands to the driver
-(:func:`put`) and its result (:func:`send_result`). Also here: the names of the variables a rank is started with
+(:func:`put`), what it asks the driver for (:func:`get`) and its result (:func:`send_result`). Also here: the names of the variables a rank is started with
 (:data:`RANK_ENV`, :data:`RANK_DATA_ENV`, ...), read by ``sparkdeep._rank_process`` and the
 rank's loop. Imports nothing of the project.
 """
@@ -47,10 +47,13 @@ class _Channel:
     ``<length> <name>``, then that many bytes: a file
     for the driver to store, see :func:`put`; answered ``ok`` once stored, else ``error
     <why>``) or ``result`` (rest: ``<length>``, then the rank's pickled result, kept in
-    :attr:`results`; see :func:`send_result`). Lines without the run's random token are ignored."""
+    :attr:`results`; see :func:`send_result`) or ``get`` (rest: what the rank asks for, which
+    the launch's ``on_get`` answers: ``ok <length>`` and that many bytes, else ``error
+    <why>``; see :func:`get`). Lines without the run's random token are ignored."""
 
     def __init__(self, host: str, on_plan: Callable[[list], None], out,
-                 on_put: Callable[[int, str, bytes], None] | None = None, size: int = 0):
+                 on_put: Callable[[int, str, bytes], None] | None = None, size: int = 0,
+                 on_get: Callable[[int, str], bytes] | None = None):
         import secrets
         import socketserver
 
@@ -120,6 +123,17 @@ class _Channel:
                         except Exception as exc:  # noqa: BLE001 - the rank raises it, naming the file
                             reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
                         self.wfile.write(reply)
+                        self.wfile.flush()
+                    elif kind == "get":
+                        try:
+                            if on_get is None:
+                                raise RuntimeError("this launch serves no files to its ranks")
+                            data = on_get(rank, rest)
+                            self.wfile.write(f"ok {len(data)}\n".encode())
+                            self.wfile.write(data)
+                        except Exception as exc:  # noqa: BLE001 - the rank raises it, naming what it asked
+                            self.wfile.write(f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode()
+                                             + b"\n")
                         self.wfile.flush()
                     elif kind == "join":
                         self.wfile.write(channel.join(rank, json.loads(rest), on_plan).encode() + b"\n")
@@ -225,6 +239,37 @@ def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
         reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
     if reply != "ok":
         raise RuntimeError(f"the driver could not store {name}: {reply.removeprefix('error ') or 'no reply'}")
+
+
+def get(what: str, *, timeout: float = 600.0) -> bytes:
+    """From a rank: ask the driver for ``what`` (one line; the launch's ``on_get`` decides
+    what it means, :func:`sparkdeep.distributed.run_on_ranks`) and return its bytes. How a rank
+    gets what would be too large to ship to every rank in its call (its own rows of a split
+    table).
+
+    Raises
+    ------
+    RuntimeError
+        Not inside a launched rank, or the driver refused (its reason).
+    """
+    import socket
+    setting = os.environ.get(_BEAT_ENV, "")
+    if not setting:
+        raise RuntimeError(f"get({what!r}): not inside a rank started by run_on_ranks")
+    rank = os.environ.get(RANK_ENV, "0")
+    address, line = _address_and_line(setting, "get", rank, what)
+    with socket.create_connection(address, timeout=timeout) as conn:
+        conn.settimeout(timeout)
+        conn.sendall(line)
+        reader = conn.makefile("rb")
+        reply = reader.readline().decode("utf-8", "replace").strip()
+        size = reply.removeprefix("ok ")
+        if not reply.startswith("ok ") or not size.isdigit():
+            raise RuntimeError(f"the driver did not give {what}: {reply.removeprefix('error ') or 'no reply'}")
+        data = reader.read(int(size))
+    if len(data) != int(size):
+        raise RuntimeError(f"the driver's answer to {what} was cut short ({len(data)} of {size} bytes)")
+    return data
 
 
 def send_result(setting: str, rank, path: str, *, timeout: float = 600.0) -> None:

@@ -241,7 +241,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
                  num_proc: int, data=None, spill=None, stall_timeout: float = 120.0,
                  env: dict | None = None, stdout=None,
-                 on_put: Callable[[int, str, bytes], None] | None = None, backend: str = "horovod",
+                 on_put: Callable[[int, str, bytes], None] | None = None,
+                 on_get: Callable[[int, str], bytes] | None = None, backend: str = "horovod",
                  shuffle_seed: int | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks; return results by rank.
 
@@ -254,7 +255,9 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     ``stall_timeout``: seconds without a heartbeat from a started rank before the run is
     ended with an error naming it (0 = no watchdog). ``on_put(rank, name, data)``: called on
     the driver (a thread of its own) for each :func:`put` of a rank; what it raises is
-    raised in that rank. ``stdout``: a stream for the ranks' output lines (default: the
+    raised in that rank. ``on_get(rank, what)``: called on the driver for each
+    :func:`sparkdeep.channel.get` of a rank, returns the bytes the rank gets (what it raises,
+    the rank raises). ``stdout``: a stream for the ranks' output lines (default: the
     ``sparkdeep.distributed`` logger, at INFO). ``backend``: how the ranks find each other,
     ``'horovod'`` (Gloo rendezvous, ``HOROVOD_*``) or ``'tensorflow'`` (``TF_CONFIG``; no
     Horovod import on the driver or in the ranks). ``shuffle_seed``: each partition's rows
@@ -287,7 +290,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     out = stdout  # None: the ranks' lines go to this module's logger
     rendezvous, on_plan = rendezvous_for(backend)
-    channel = _Channel(host, on_plan, out, on_put, size=num_proc)
+    channel = _Channel(host, on_plan, out, on_put, size=num_proc, on_get=on_get)
     port = rendezvous.start() if rendezvous is not None else 0
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
     # Ranks start from the executor's environment; forward the driver's settings that

@@ -194,6 +194,77 @@ def test_the_archive_plans_as_the_built_network_and_the_driver_puts_every_ranks_
         sharding.assemble(data, [parts[0], parts[0]], ABOVE)
 
 
+def _served(monkeypatch, server, rank: int) -> None:
+    """Rank ``rank``'s requests answered by ``server`` directly (no launch around them)."""
+    import io
+    monkeypatch.setattr(sharding, "fetch", lambda source, key, split: np.load(
+        io.BytesIO(server(rank, f"{source} {key} {int(split)}")), allow_pickle=False))
+
+
+def test_the_ranks_start_from_an_archive_without_the_table_and_the_driver_serves_each_its_rows(monkeypatch):
+    """Nothing of a split table is shipped to every rank: the archive they start from holds
+    it with no rows, and each rank gets its own rows from the driver, the same values as
+    cut from the whole table; anything else asked is refused."""
+    net = _net(4)
+    data = keras_to_bytes(net)
+    plans = sharding.plan_archive(data, ABOVE)
+    server = sharding.TableServer(data, plans, 2)
+    skeleton = server.rank_archive()
+    table = (LEVELS + 1) * 24 * 4
+    assert len(skeleton) < len(data) - 0.9 * table, (len(skeleton), len(data))
+    assert sharding.plan_archive(skeleton, ABOVE) == plans
+    whole = net.get_layer("embeddings").tables[0].numpy()
+    for rank in (0, 1):
+        _served(monkeypatch, server, rank)
+        mine = sharding.RankShards(plans, hvd=None, rank=rank, size=2).load(skeleton)
+        np.testing.assert_array_equal(mine.get_layer("embeddings").tables[0].numpy(), whole[rank::2])
+        others = {v.path: v.numpy() for v in net.weights}
+        for v in mine.weights:  # the rest comes whole in the archive
+            if v is not mine.get_layer("embeddings").tables[0]:
+                np.testing.assert_array_equal(v.numpy(), others[v.path])
+    for bad, why in (("model /layers/dense/vars/0 1", "does not serve"), ("optimizer v0 1", "does not serve"),
+                     ("model /layers/column_embeddings/vars/0 2", "not '<source> <key> 0|1'")):
+        with pytest.raises(ValueError, match=why):
+            server(0, bad)
+    with pytest.raises(ValueError, match="rank 2 asked"):
+        server(2, "model /layers/column_embeddings/vars/0 1")
+
+
+def test_a_checkpoint_is_put_together_on_the_driver_from_every_rank_s_share():
+    """Each rank hands its rows of the table and of its slots; the driver's files are the
+    whole network's, slot for slot, and a missing share is refused."""
+    import io
+
+    import keras
+    net = _net(5)
+    data = keras_to_bytes(net)
+    plans = sharding.plan_archive(data, ABOVE)
+    rng = np.random.default_rng(0)
+    slots_whole = rng.normal(size=(LEVELS + 1, 24)).astype("float32")
+    parts = []
+    for rank in (0, 1):
+        shards = sharding.RankShards(plans, hvd=None, rank=rank, size=2)
+        mine = shards.load(data)
+        opt = keras.optimizers.Adam()
+        opt.build(mine.trainable_variables)
+        for v in opt.variables:
+            if shards._rows_of(v) is not None:
+                v.assign(slots_whole[rank::2])
+        parts.append(shards.checkpoint_part(mine, opt, best=mine.get_weights()))
+    files = sharding.assemble_checkpoint(data, parts)
+    assert sorted(files) == ["best.npz", "model.keras", "optimizer.npz"]
+    for a, b in zip(keras_from_bytes(files["model.keras"]).get_weights(), net.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with np.load(io.BytesIO(files["optimizer.npz"])) as opt_saved:
+        whole_slots = [opt_saved[k] for k in opt_saved.files if opt_saved[k].shape == (LEVELS + 1, 24)]
+    assert len(whole_slots) == 2 and all((s == slots_whole).all() for s in whole_slots)
+    table = next(i for i, v in enumerate(net.weights) if v is net.get_layer("embeddings").tables[0])
+    with np.load(io.BytesIO(files["best.npz"])) as best:
+        np.testing.assert_array_equal(best[f"w{table}"], net.get_weights()[table])
+    with pytest.raises(ValueError, match=r"rank 1 returned \(301, 24\)"):
+        sharding.assemble_checkpoint(data, [parts[0], parts[0]])
+
+
 def _with_weights(data: bytes, edit) -> bytes:
     """The archive ``data`` with ``edit(h5py.File)`` applied to its weights file."""
     import io
@@ -211,7 +282,7 @@ def _with_weights(data: bytes, edit) -> bytes:
     return out.getvalue()
 
 
-def test_a_rank_refuses_an_archive_whose_table_points_outside_it_or_holds_more_than_the_layer(tmp_path):
+def test_a_rank_refuses_an_archive_whose_table_points_outside_it_or_holds_more_than_the_layer(tmp_path, monkeypatch):
     """A rank's own read of its rows keeps Keras' safe-mode checks: a table stored in a file
     outside the archive, an extra variable or a table of another shape is refused, as the
     whole load refuses it, instead of being read into the network."""
@@ -240,3 +311,10 @@ def test_a_rank_refuses_an_archive_whose_table_points_outside_it_or_holds_more_t
                 keras_from_bytes(bad)
         with pytest.raises(ValueError, match=why):
             sharding.RankShards(sharding.plan_archive(bad, ABOVE), hvd=None, rank=1, size=2).load(bad)
+        # The driver, which serves the ranks their rows, refuses it as well.
+        with pytest.raises(ValueError, match=why):
+            server = sharding.TableServer(bad, sharding.plan_archive(bad, ABOVE), 2)
+            skeleton = server.rank_archive()
+            server(1, f"model /{vars_}/0 1")
+            _served(monkeypatch, server, 1)
+            sharding.RankShards(sharding.plan_archive(bad, ABOVE), hvd=None, rank=1, size=2).load(skeleton)

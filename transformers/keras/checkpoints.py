@@ -1,5 +1,6 @@
 """Per-epoch checkpoints: rank 0 hands each epoch's files to the driver
-(:func:`send_checkpoint`), which stores them (:class:`CheckpointStore`) under the run's
+(:func:`send_checkpoint`; with split tables every rank its share, :func:`send_part`, and the
+driver puts the whole files together), which stores them (:class:`CheckpointStore`) under the run's
 folder; a later fit with the same ``runId`` reads them back (:func:`read_checkpoint`) if
 they were made for the same training (:func:`checkpoint_signature`)."""
 from __future__ import annotations
@@ -31,7 +32,21 @@ def send_checkpoint(model, optimizer, state: dict, best_weights=None) -> None:
         best = io.BytesIO()
         np.savez(best, **{f"w{i}": np.asarray(w) for i, w in enumerate(best_weights)})
         put(f"{epoch_folder}/best.npz", best.getvalue())
-    put("state.json", json.dumps({**state, "files": epoch_folder}).encode())
+    send_state(state)
+
+
+def send_part(completed: int, rank: int, data: bytes) -> None:
+    """A rank with split tables hands its share of the epoch's checkpoint
+    (:meth:`.sharding.RankShards.checkpoint_part`) to the driver, which puts the whole files
+    together once rank 0 sends the epoch's state (:func:`send_state`)."""
+    from sparkdeep.channel import put
+    put(f"epoch-{int(completed):04d}/part-{int(rank):04d}.npz", data)
+
+
+def send_state(state: dict) -> None:
+    """Rank 0 names the epoch's checkpoint complete: its ``state.json``, sent last."""
+    from sparkdeep.channel import put
+    put("state.json", json.dumps({**state, "files": f"epoch-{int(state['completed_epochs']):04d}"}).encode())
 
 def load_optimizer_state(optimizer, data: bytes) -> None:
     """Put a checkpoint's ``optimizer.npz`` (written by :func:`send_checkpoint`) back into
@@ -71,16 +86,28 @@ class CheckpointStore:
     """
 
     _NAME = re.compile(r"^(state\.json|epoch-\d{4,}/(model\.keras|optimizer\.npz|best\.npz))$")
+    _PART = re.compile(r"^(epoch-\d{4,})/part-(\d{4,})\.npz$")
 
-    def __init__(self, folder: str, signature: dict | None = None):
+    def __init__(self, folder: str, signature: dict | None = None, *, network: bytes | None = None,
+                 size: int = 1):
         self.folder = folder
         self.signature = signature
+        # Split tables: every rank's share of an epoch (held here until rank 0's state.json),
+        # put together on the architecture of ``network`` (:func:`.sharding.assemble_checkpoint`).
+        self.network, self.size = network, int(size)
+        self._parts: dict[str, dict[int, bytes]] = {}
 
     def __call__(self, rank: int, name: str, data: bytes) -> None:
         from sparkdeep import storage
+        part = self._PART.match(name)
+        if part and self.network is not None and int(part.group(2)) == rank < self.size:
+            self._parts.setdefault(part.group(1), {})[rank] = data
+            return
         if rank != 0 or not self._NAME.match(name):
             raise ValueError(f"checkpoint file {name!r} from rank {rank}: not part of a checkpoint")
         st = storage.Storage()
+        if name == "state.json":
+            self._write_parts(json.loads(data)["files"])
         if name == "state.json" and self.signature is not None:
             # What the checkpoint was made for, so a later fit with other data or another
             # network under the same runId is refused rather than resumed.
@@ -91,6 +118,21 @@ class CheckpointStore:
             for entry in st.listdir(self.folder):
                 if entry.startswith("epoch-") and entry != keep:
                     st.delete(storage.join(self.folder, entry))
+
+    def _write_parts(self, epoch: str) -> None:
+        """The whole files of an epoch whose ranks each sent a part (none: nothing to do)."""
+        from sparkdeep import storage
+
+        from .sharding import assemble_checkpoint
+        parts = self._parts.pop(epoch, None)
+        if parts is None:
+            return
+        if sorted(parts) != list(range(self.size)):
+            raise ValueError(f"checkpoint {epoch}: parts came from ranks {sorted(parts)}, not all {self.size}")
+        st = storage.Storage()
+        for name, data in assemble_checkpoint(self.network, [parts[r] for r in range(self.size)]).items():
+            st.write_bytes(storage.join(self.folder, epoch, name), data)
+
 
 def read_checkpoint(folder: str) -> dict | None:
     """The last completed epoch's checkpoint of a run, or None."""

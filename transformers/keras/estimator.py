@@ -44,6 +44,7 @@ from .contract import RankSpec, Staged
 from .feed import ShardSpill, chunk_rows_for
 from .model import DistributedKerasModel
 from .profile import launch_breakdown, profile_summary
+from .sharding import for_ranks
 from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
                       network_output)
 from .params import (CheckpointParams, RunParams, NetworkParams, ScoringParams,
@@ -254,10 +255,14 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         t_staged = time.time()
         spill = ShardSpill(split_col=Staged.IS_VALIDATION if has_validation else None,
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
-        results = run_on_ranks(rank_loop.train_rank, (spec,), num_proc=self.getNumProc(), data=staged, spill=spill,
-                               stall_timeout=self.getOrDefault(self.stallTimeout),
-                               on_put=CheckpointStore(folder, signature) if folder else None,
-                               backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
+        # Split tables: the ranks start with none of their rows, which they ask the driver for.
+        launched, tables = for_ranks(spec, self.getNumProc())
+        store = CheckpointStore(folder, signature, network=model_bytes if tables else None,
+                                size=self.getNumProc()) if folder else None
+        results = run_on_ranks(rank_loop.train_rank, (launched,), num_proc=self.getNumProc(), data=staged,
+                               spill=spill, stall_timeout=self.getOrDefault(self.stallTimeout), on_put=store,
+                               on_get=tables, backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
+        del launched, tables
         summary = _summary(results, spec, resume, input_dim=checked["width"], skipped=skipped,
                            times=(t_launch, t_staged, time.time()))
         return self._model(_trained_network(results, model_bytes, spec), summary)

@@ -38,7 +38,7 @@ import numpy as np
 
 from sparkdeep.transformers._faults import after_epoch_hook
 
-from .checkpoints import best_weights_from, load_optimizer_state, optimizer_arrays, send_checkpoint
+from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint, send_part, send_state
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
 from .profile import EpochClock, EpochTrace, MemoryMarks, peak_rss_mb, training_flops_per_sample
@@ -164,8 +164,8 @@ class EpochLoop:
     def __init__(self, spec: RankSpec, model, optimizer, *, rank: int, has_validation: bool, shards=None):
         resume = spec.resume
         self.spec, self.model, self.optimizer, self.rank = spec, model, optimizer, rank
-        # Split embedding tables (:class:`.sharding.RankShards`): every rank takes part in
-        # gathering a checkpoint's whole tables, rank 0 sends it.
+        # Split embedding tables (:class:`.sharding.RankShards`): every rank hands its share
+        # of a checkpoint to the driver, rank 0 then names the epoch complete.
         self.shards = shards
         self.history: list[dict] = list(resume["history"]) if resume else []
         self.start_epoch = int(resume["completed_epochs"]) if resume else 0
@@ -173,10 +173,14 @@ class EpochLoop:
         self.monitor = "val_loss" if has_validation else "loss"
         self.stopping = EarlyStopping(self.monitor, int(spec.early_stopping_patience), self.history,
                                       saved=resume.get("stopping") if resume else None,
-                                      best_weights=self._local(best_weights_from(resume.get("best_bytes")))
-                                      if resume else None)
+                                      best_weights=self._resumed_best(resume) if resume else None)
         self.checkpoint_s = 0.0  # rank 0: time spent handing checkpoints to the driver
         self._after_epoch = after_epoch_hook()  # None unless a test injects a failure
+
+    def _resumed_best(self, resume: dict):
+        if self.shards:
+            return self.shards.resumed_best(self.model, resume)
+        return best_weights_from(resume.get("best_bytes"))
 
     def run(self, one_epoch: Callable[[int], dict], describe: Callable[[dict, float], None],
             notify: Callable[[int], None] | None = None) -> None:
@@ -212,22 +216,18 @@ class EpochLoop:
         if not self.spec.checkpoint_dir:
             return
         t0 = time.time()
-        model, optimizer, best = self.model, self.optimizer, None if stopped else self.stopping.best_weights
-        if self.shards:  # the whole tables, gathered by every rank
-            optimizer = self.shards.optimizer_arrays(optimizer)
-            best = None if best is None else self.shards.whole_weights(self.model, best)
-            model = self.shards.whole_model(self.model)
-        if self.rank == 0:
-            send_checkpoint(model, optimizer, {"completed_epochs": completed, "history": self.history,
-                                               "finished": finished, "stopping": self.stopping.state()},
-                            best_weights=best)
+        best = None if stopped else self.stopping.best_weights
+        state = {"completed_epochs": completed, "history": self.history, "finished": finished,
+                 "stopping": self.stopping.state()}
+        if self.shards:  # every rank its share; the driver puts the whole files together
+            send_part(completed, self.rank, self.shards.checkpoint_part(self.model, self.optimizer, best))
+            self.shards.most(0)  # every share is stored before rank 0 names the epoch complete
+            if self.rank == 0:
+                send_state(state)
+        else:
+            send_checkpoint(self.model, self.optimizer, state, best_weights=best)
         self.checkpoint_s += time.time() - t0
 
-    def _local(self, weights):
-        """A checkpoint's whole best weights, cut to this rank's rows of any split table."""
-        if weights is None or not self.shards:
-            return weights
-        return self.shards.local_weights(self.model, weights)
 
 
 #: A record's keys the epoch line shows in its own words (the rest are metrics, printed as name=value).
@@ -498,7 +498,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     optimizer = keras.optimizers.get({"class_name": spec.optimizer, "config": {"learning_rate": base_lr}})
     optimizer.build(model.trainable_variables)
     if resume and shards:  # every rank its own rows of the split tables' slots
-        shards.load_optimizer(optimizer, optimizer_arrays(resume["optimizer_bytes"], len(optimizer.variables)))
+        shards.load_optimizer(optimizer, resume.get("optimizer_bytes"))
     elif resume and rank == 0:
         load_optimizer_state(optimizer, resume["optimizer_bytes"])
     train_metrics = [make_metric(m, spec.task) for m in spec.metrics]

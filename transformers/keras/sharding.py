@@ -10,12 +10,15 @@ the row back (two all-to-alls, :func:`alltoall_lookup`); the gradient of those r
 back the same way, by the all-to-all's own gradient, so each owner receives the sum of every
 rank's gradient for its rows. Every other weight stays a replica, averaged by the strategy.
 
-No rank ever holds a whole split table: :meth:`RankShards.load` builds the rank's network
-from the archive with its own rows only, and the trained network is put back together on the
-driver (:func:`assemble`) from every rank's rows. Invisible outside the ranks: a checkpoint
-and the trained model hold the whole table (a checkpoint's is gathered to rank 0,
-:meth:`RankShards.whole_model`), so the saved ``.keras`` file, scoring, the export and the
-HTTP scorer never know the table was split. Only the ``horovod`` strategy shards
+No rank ever holds a whole split table, nor receives one. The driver starts the ranks with
+an archive whose split tables hold no rows (:func:`for_ranks`) and answers each rank's request
+for its own rows (:class:`TableServer`, through :func:`sparkdeep.channel.get`), as it does for
+a resumed checkpoint's optimizer slots and best weights. The trained network is put back
+together on the driver (:func:`assemble`) from every rank's rows, and so is each checkpoint
+(every rank hands its rows to the driver, :meth:`RankShards.checkpoint_part`;
+:func:`assemble_checkpoint` writes the whole files). Invisible outside the ranks: a checkpoint
+and the trained model hold the whole table, so the saved ``.keras`` file, scoring, the export
+and the HTTP scorer never know the table was split. Only the ``horovod`` strategy shards
 (``sparkdeep.registry.STRATEGY_RULES``).
 """
 from __future__ import annotations
@@ -131,13 +134,152 @@ def _stored_rows(store, key: str, shape: tuple, rank: int, size: int) -> np.ndar
     return value[rank::size]
 
 
+def _checked(value: np.ndarray, shape: tuple, what: str) -> np.ndarray:
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"the driver gave {tuple(value.shape)} for {what}, expected {tuple(shape)}")
+    return value
+
+
+def fetch(source: str, key: str, split: bool) -> np.ndarray:
+    """From a rank: the array ``key`` of ``source`` (``model``: a split table's dataset in the
+    archive's weights; ``optimizer`` or ``best``: a resumed checkpoint's ``v{i}`` / ``w{i}``), this
+    rank's rows only when ``split``, as the driver's :class:`TableServer` answers."""
+    from sparkdeep.channel import get
+    return np.load(io.BytesIO(get(f"{source} {key} {int(bool(split))}")), allow_pickle=False)
+
+
+def _split_datasets(weights, plans: list[TablePlan]) -> dict[str, TablePlan]:
+    """The paths, in a ``.keras`` archive's open weights file, of the planned tables'
+    datasets (a layer's ``vars`` group names its layer; table ``g`` is its dataset ``g``)."""
+    import h5py
+    by_layer: dict = {}
+    for p in plans:
+        by_layer.setdefault(p.layer, []).append(p)
+    found: dict[str, TablePlan] = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Group) and name.rsplit("/", 1)[-1] == "vars" and obj.attrs.get("name") in by_layer:
+            for p in by_layer[obj.attrs["name"]]:
+                found[f"{obj.name}/{p.table}"] = p
+    weights.visititems(visit)
+    missing = sorted({f"{p.layer}[{p.table}]" for p in plans} - {f"{p.layer}[{p.table}]" for p in found.values()})
+    if missing:
+        raise ValueError(f"the archive's weights hold no dataset for the split table(s) {missing}")
+    return found
+
+
+def _copy_emptied(src, dst, emptied: set) -> None:
+    """``src`` (an HDF5 group) into ``dst``: attributes, groups and datasets, each one
+    passing Keras' safety checks, the datasets at ``emptied`` with no rows."""
+    import h5py
+    from keras.src.saving.saving_lib import safe_get_h5_dataset
+    for k, v in src.attrs.items():
+        dst.attrs[k] = v
+    for name in src:
+        link = src.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise ValueError(f"the archive's weights hold a link at {src.name}/{name}: refused")
+        obj = src[name]
+        if isinstance(obj, h5py.Group):
+            _copy_emptied(obj, dst.create_group(name), emptied)
+            continue
+        data = safe_get_h5_dataset(src, name)
+        if data.name in emptied:
+            out = dst.create_dataset(name, shape=(0,) + tuple(data.shape[1:]), dtype=data.dtype)
+            for k, v in data.attrs.items():
+                out.attrs[k] = v
+        else:
+            src.copy(data, dst, name=name)
+
+
+class TableServer:
+    """The driver's side of a launch with split tables (``on_get`` of
+    :func:`sparkdeep.distributed.run_on_ranks`): each rank's rows of the split tables of the
+    network it starts from, and of a resumed checkpoint's optimizer slots and best weights,
+    read as asked (``"<source> <key> <split>"``, :func:`fetch`) and sent as ``.npy`` bytes.
+
+    Only the split tables' datasets are served from the archive, and only the keys the
+    checkpoint's files hold; each dataset passes Keras' own safety checks."""
+
+    def __init__(self, network: bytes, plans: list[TablePlan], size: int, *,
+                 optimizer: bytes | None = None, best: bytes | None = None):
+        import threading
+
+        import h5py
+        self.size = int(size)
+        with zipfile.ZipFile(io.BytesIO(network)) as zf:
+            self._weights_bytes = zf.read("model.weights.h5")
+        self._network = network
+        self._weights = h5py.File(io.BytesIO(self._weights_bytes), "r")
+        self._tables = _split_datasets(self._weights, plans)
+        self._files = {"optimizer": optimizer, "best": best}
+        self._lock = threading.Lock()
+
+    def rank_archive(self) -> bytes:
+        """The archive the ranks start from: the network's, its split tables holding no rows."""
+        import h5py
+        out = io.BytesIO()
+        with h5py.File(out, "w") as dst:
+            _copy_emptied(self._weights, dst, set(self._tables))
+        with zipfile.ZipFile(io.BytesIO(self._network)) as src, zipfile.ZipFile(archive := io.BytesIO(), "w") as zf:
+            for info in src.infolist():
+                zf.writestr(info, out.getvalue() if info.filename == "model.weights.h5" else src.read(info))
+        return archive.getvalue()
+
+    def __call__(self, rank: int, what: str) -> bytes:
+        from keras.src.saving.saving_lib import safe_get_h5_dataset
+        source, key, split = (what.split(" ") + ["", "", ""])[:3]
+        if split not in ("0", "1") or not 0 <= int(rank) < self.size:
+            raise ValueError(f"rank {rank} asked for {what!r}: not '<source> <key> 0|1' from a rank of {self.size}")
+        with self._lock:
+            if source == "model" and key in self._tables:
+                parent, _, name = key.rpartition("/")
+                p = self._tables[key]
+                data = safe_get_h5_dataset(self._weights[parent], name)
+                if tuple(data.shape) != (p.rows, p.width):
+                    raise ValueError(f"the archive's table {key} is {tuple(data.shape)}, its layer's {(p.rows, p.width)}")
+                value = data[int(rank)::self.size] if split == "1" else data[()]
+            elif self._files.get(source) is not None:
+                with np.load(io.BytesIO(self._files[source]), allow_pickle=False) as saved:
+                    if key not in saved.files:
+                        raise ValueError(f"the checkpoint's {source} file holds no {key!r}")
+                    value = saved[key]
+                value = value[int(rank)::self.size] if split == "1" else value
+            else:
+                raise ValueError(f"rank {rank} asked for {what!r}, which this launch does not serve")
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(value), allow_pickle=False)
+        return buffer.getvalue()
+
+
+def for_ranks(spec, size: int):
+    """``(spec, server)``: what the ranks are started with when ``spec`` splits a table over
+    ``size`` ranks: the spec with archives whose split tables hold no rows and a resume without
+    the checkpoint's optimizer and best-weights files, and the :class:`TableServer` that gives
+    each rank its rows of them. ``(spec, None)`` when no table is split."""
+    from dataclasses import replace
+    above = int(spec.shard_embeddings_above)
+    resume = spec.resume
+    network = resume["model_bytes"] if resume else spec.model_bytes
+    plans = plan_archive(network, above) if above and size > 1 else []
+    if not plans:
+        return spec, None
+    server = TableServer(network, plans, size, optimizer=resume and resume.get("optimizer_bytes"),
+                         best=resume and resume.get("best_bytes"))
+    skeleton = server.rank_archive()
+    if resume:
+        resume = {**resume, "model_bytes": skeleton, "optimizer_bytes": None, "best_bytes": None,
+                  "served": {"best": resume.get("best_bytes") is not None}}
+    return replace(spec, model_bytes=skeleton, resume=resume), server
+
+
 def _sharded_layer_class():
     from .._keras_layers import ColumnEmbeddings
 
     class ShardedColumnEmbeddings(ColumnEmbeddings):
         """:class:`ColumnEmbeddings` on one rank with some of its tables split: those hold
         this rank's rows only and are looked up through :func:`alltoall_lookup`. Lives on
-        the ranks only; never saved (:meth:`RankShards.whole_model` saves the whole layer)."""
+        the ranks only; never saved (the driver saves the whole layer, :func:`assemble`)."""
 
         def __init__(self, cardinalities, dims, *, split, lookup, rank, size, **kwargs):
             self._split, self._split_lookup = frozenset(split), lookup
@@ -157,15 +299,21 @@ def _sharded_layer_class():
             return super()._lookup(g, table, rows)
 
         def load_own_variables(self, store):
-            # A whole table from the archive, cut to this rank's rows as it is read.
+            # A split table: this rank's rows, asked of the driver where the archive holds
+            # none of them (:func:`for_ranks`), else cut from the archive's whole table.
             self._check_load_own_variables(store)
             split = {id(self.tables[g]): g for g in self._split}
+            group = getattr(store, "_h5_entry_group", None)
             for i, v in enumerate(self._trainable_variables + self._non_trainable_variables):
-                if id(v) in split:
-                    width, _, rows = self._groups[split[id(v)]]
-                    v.assign(_stored_rows(store, f"{i}", (rows, width), self._rank, self._size))
-                else:
+                if id(v) not in split:
                     v.assign(store[f"{i}"])
+                    continue
+                width, _, rows = self._groups[split[id(v)]]
+                if group is not None and f"{i}" in group and group[f"{i}"].shape[0] == 0:
+                    want = (shard_rows(rows, self._rank, self._size), width)
+                    v.assign(_checked(fetch("model", f"{group.name}/{i}", True), want, f"rows of {group.name}/{i}"))
+                else:
+                    v.assign(_stored_rows(store, f"{i}", (rows, width), self._rank, self._size))
 
     return ShardedColumnEmbeddings
 
@@ -173,12 +321,12 @@ def _sharded_layer_class():
 class RankShards:
     """One rank's view of the split tables of a network.
 
-    :meth:`load` builds this rank's network from a whole network's archive (the split
-    tables' rows ``rank::size`` only); :meth:`result_weights` is what the rank hands the
-    driver to put the trained network together (:func:`assemble`); :meth:`whole_model` and
-    :meth:`whole_weights` put the tables back together on rank 0 for a checkpoint
-    (collective: every rank calls them); :meth:`local_weights` and :meth:`load_optimizer`
-    take a whole checkpoint's arrays down to this rank's rows.
+    :meth:`load` builds this rank's network from a network's archive (the split tables'
+    rows ``rank::size`` only, from the driver where the archive holds none: :func:`for_ranks`);
+    :meth:`result_weights` is what the rank hands the driver to put the trained network
+    together (:func:`assemble`), :meth:`checkpoint_part` its share of a checkpoint
+    (:func:`assemble_checkpoint`); :meth:`load_optimizer` and :meth:`resumed_best` take a
+    resumed checkpoint's arrays down to this rank's rows.
     """
 
     def __init__(self, plans: list[TablePlan], hvd, rank: int, size: int):
@@ -265,27 +413,7 @@ class RankShards:
         pickling copies once more)."""
         return {i: v.numpy() for i, v in enumerate(model.weights) if self.rank == 0 or self._is_split(v)}
 
-    # -- whole tables back (collective) -----------------------------------------------------
-
-    def _gather(self, local: np.ndarray, rows: int) -> np.ndarray | None:
-        """Every rank's ``local`` rows of a ``rows``-row table, as the whole table, on rank 0
-        (None on the others: an all-to-all in which every rank sends its rows to rank 0
-        only, so no other rank ever holds the whole table)."""
-        import tensorflow as tf
-        self._calls += 1
-        local = np.asarray(local)
-        splits = tf.constant([len(local)] + [0] * (self.size - 1), tf.int32)
-        parts, _ = self.hvd.alltoall(tf.convert_to_tensor(local), splits=splits, name=f"shards_{self._calls}")
-        if self.rank != 0:
-            return None
-        parts = np.asarray(parts)
-        whole = np.empty((rows,) + parts.shape[1:], dtype=parts.dtype)
-        at = 0
-        for r in range(self.size):
-            n = shard_rows(rows, r, self.size)
-            whole[r::self.size] = parts[at:at + n]
-            at += n
-        return whole
+    # -- checkpoints ---------------------------------------------------------------------
 
     def _rows_of(self, variable) -> int | None:
         """The whole table's rows when ``variable`` is this rank's part of a split table or
@@ -296,67 +424,53 @@ class RankShards:
                 return p.rows
         return None
 
-    def whole_weights(self, model, weights: list) -> list | None:
-        """``weights`` (``model.get_weights()`` order, this rank's) with every split table
-        whole: the arrays the whole network's ``get_weights`` would give, on rank 0 (None
-        on the others). Collective."""
-        out = list(weights)
-        for i, v in enumerate(model.weights):
-            if self._is_split(v):
-                out[i] = self._gather(out[i], self._rows_of(v))
-        return out if self.rank == 0 else None
+    def checkpoint_part(self, model, optimizer, best: list | None) -> bytes:
+        """This rank's share of an epoch's checkpoint, as ``.npz`` bytes for the driver's
+        :func:`assemble_checkpoint`: rank 0 every weight (``w{i}``), optimizer variable
+        (``o{i}``) and best weight (``b{i}``), another rank its rows of the split tables and
+        of their slots only; ``rows`` names, as JSON, each split array's whole rows."""
+        arrays, rows = {}, {}
+        named = [("w", v, v) for v in model.weights] + [("o", v, v) for v in optimizer.variables]
+        if best is not None:
+            named += [("b", v, w) for v, w in zip(model.weights, best)]
+        counts: dict = {}
+        for prefix, variable, value in named:
+            i = counts[prefix] = counts.get(prefix, -1) + 1
+            whole = self._rows_of(variable)
+            if self.rank == 0 or whole is not None:
+                arrays[f"{prefix}{i}"] = np.asarray(value)
+            if whole is not None:
+                rows[f"{prefix}{i}"] = whole
+        buffer = io.BytesIO()
+        np.savez(buffer, rows=np.array(json.dumps(rows)), **arrays)
+        return buffer.getvalue()
 
-    def local_weights(self, model, weights: list) -> list:
-        """The whole network's ``weights`` cut to this rank's rows of each split table."""
-        out = list(weights)
-        for i, v in enumerate(model.weights):
-            if self._is_split(v):
-                out[i] = np.asarray(out[i])[self.rank::self.size]
-        return out
-
-    def whole_model(self, model):
-        """The whole network (every split table gathered) with ``model``'s weights: the one a
-        checkpoint or the trained model saves, on rank 0 (None on the others). Collective."""
-        import keras
-
-        from .._keras_layers import ColumnEmbeddings
-        whole_tables = {}
-        for name, layer in self._layers.items():
-            whole_tables[name] = [self._gather(t.numpy(), layer._groups[g][2]) if g in layer._split else t.numpy()
-                                  for g, t in enumerate(layer.tables)]
-        if self.rank != 0:
-            return None
-
-        def clone(layer):
-            if layer.name not in self._layers:
-                return layer
-            return ColumnEmbeddings.from_config(self._configs[layer.name])
-
-        whole = keras.models.clone_model(model, clone_function=clone)
-        for layer in whole.layers:
-            if layer.name in whole_tables:
-                for table, value in zip(layer.tables, whole_tables[layer.name]):
-                    table.assign(value)
-        return whole
-
-    def optimizer_arrays(self, optimizer) -> list | None:
-        """``optimizer.variables``' values with every split table's slots whole, on rank 0
-        (None on the others). Collective."""
-        out = []
-        for v in optimizer.variables:
-            value = np.asarray(v)
-            rows = self._rows_of(v)
-            out.append(self._gather(value, rows) if rows is not None else value)
-        return out if self.rank == 0 else None
-
-    def load_optimizer(self, optimizer, arrays: list) -> None:
-        """A whole checkpoint's optimizer arrays into this rank's optimizer (each split
-        table's slots cut to this rank's rows)."""
-        for v, value in zip(optimizer.variables, arrays):
-            value = np.asarray(value)
-            if self._rows_of(v) is not None:
-                value = value[self.rank::self.size]
+    def load_optimizer(self, optimizer, data: bytes | None) -> None:
+        """A resumed checkpoint's optimizer state into this rank's optimizer, each split
+        table's slots cut to this rank's rows: from ``data`` (its ``optimizer.npz``) or, when
+        None, asked of the driver variable by variable (:func:`fetch`)."""
+        from .checkpoints import optimizer_arrays
+        arrays = optimizer_arrays(data, len(optimizer.variables)) if data is not None else None
+        for i, v in enumerate(optimizer.variables):
+            split = self._rows_of(v) is not None
+            if arrays is None:
+                value = fetch("optimizer", f"v{i}", split)
+            else:
+                value = np.asarray(arrays[i])[self.rank::self.size] if split else arrays[i]
             v.assign(value)
+
+    def resumed_best(self, model, resume: dict) -> list | None:
+        """Early stopping's best weights of a resumed checkpoint, each split table cut to this
+        rank's rows (from the driver where the spec does not carry them)."""
+        from .checkpoints import best_weights_from
+        if resume.get("served"):
+            if not resume["served"]["best"]:
+                return None
+            return [fetch("best", f"w{i}", self._is_split(v)) for i, v in enumerate(model.weights)]
+        weights = best_weights_from(resume.get("best_bytes"))
+        if weights is None:
+            return None
+        return [np.asarray(w)[self.rank::self.size] if self._is_split(v) else w for v, w in zip(model.weights, weights)]
 
     def empty_batch(self, model) -> tuple:
         """A batch of no rows (a rank whose validation rows ran out still takes part in the
@@ -393,6 +507,32 @@ class RankShards:
         return h.hexdigest()
 
 
+def _interleave(pieces: list, rows: int, what: str) -> np.ndarray:
+    """The whole array of ``rows`` rows whose rows ``r::len(pieces)`` are ``pieces[r]``.
+
+    Raises
+    ------
+    ValueError
+        A piece is not of its rank's number of rows, or differs in width or dtype.
+    """
+    size, first = len(pieces), np.asarray(pieces[0])
+    whole = np.empty((int(rows),) + first.shape[1:], dtype=first.dtype)
+    for r, piece in enumerate(pieces):
+        got, want = np.asarray(piece), (shard_rows(rows, r, size),) + first.shape[1:]
+        if got.shape != want or got.dtype != whole.dtype:
+            raise ValueError(f"rank {r} returned {got.shape} {got.dtype} of {what}, "
+                             f"expected {want} {whole.dtype} (its rows of {rows})")
+        whole[r::size] = got
+    return whole
+
+
+def _with_weights(model_bytes: bytes, weights: list) -> bytes:
+    from .network import keras_from_bytes, keras_to_bytes
+    whole = keras_from_bytes(model_bytes)
+    whole.set_weights(weights)
+    return keras_to_bytes(whole)
+
+
 def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
     """The trained whole network's ``.keras`` archive, on the driver: the architecture of
     ``model_bytes`` (the network the ranks started from), rank 0's weights, and every split
@@ -402,11 +542,10 @@ def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
     Raises
     ------
     ValueError
-        A rank's part lacks a weight or holds a split table of the wrong number of rows.
+        A rank's part lacks a weight or holds a split table of the wrong shape.
     """
-    from .network import keras_from_bytes, keras_to_bytes
+    from .network import keras_from_bytes
     whole = keras_from_bytes(model_bytes)
-    size = len(parts)
     split = {}
     for p in plan_tables(whole, above):
         table = whole.get_layer(p.layer).tables[p.table]
@@ -415,18 +554,46 @@ def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
     for i, v in enumerate(whole.weights):
         if any(i not in part for part in (parts if i in split else parts[:1])):
             raise ValueError(f"a rank's trained weights lack weight {i} ({v.path})")
-        if i not in split:
-            weights.append(parts[0][i])
-            continue
-        rows = split[i]
-        value = np.empty(tuple(v.shape), dtype=parts[0][i].dtype)
-        for r, part in enumerate(parts):
-            want = (shard_rows(rows, r, size),) + tuple(v.shape)[1:]
-            got = np.asarray(part[i])
-            if got.shape != want or got.dtype != value.dtype:
-                raise ValueError(f"rank {r} returned {got.shape} {got.dtype} of {v.path}, "
-                                 f"expected {want} {value.dtype} (its rows of {rows})")
-            value[r::size] = got
-        weights.append(value)
+        weights.append(_interleave([part[i] for part in parts], split[i], v.path) if i in split else parts[0][i])
     whole.set_weights(weights)
+    from .network import keras_to_bytes
     return keras_to_bytes(whole)
+
+
+def assemble_checkpoint(network: bytes, parts: list[bytes]) -> dict[str, bytes]:
+    """An epoch's checkpoint files, whole, on the driver, from every rank's
+    :meth:`RankShards.checkpoint_part` (in rank order) and the architecture of ``network``:
+    ``model.keras``, ``optimizer.npz`` and, when the parts hold best weights, ``best.npz``, as
+    a checkpoint of a replicated network would be (:func:`.checkpoints.read_checkpoint`).
+
+    Raises
+    ------
+    ValueError
+        A part lacks an array rank 0's names as split, or holds the wrong rows of it.
+    """
+    loaded = []
+    for r, data in enumerate(parts):
+        with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+            loaded.append({k: saved[k] for k in saved.files})
+    rows = json.loads(str(loaded[0].pop("rows")))
+    merged = {}
+    for key, value in loaded[0].items():
+        if key not in rows:
+            merged[key] = value
+            continue
+        missing = [r for r, part in enumerate(loaded) if key not in part]
+        if missing:
+            raise ValueError(f"rank {missing[0]}'s checkpoint part lacks {key}, a split table's")
+        merged[key] = _interleave([part[key] for part in loaded], int(rows[key]), key)
+
+    def ordered(prefix: str) -> list:
+        return [merged[f"{prefix}{i}"] for i in range(sum(1 for k in merged if k[0] == prefix and k[1:].isdigit()))]
+
+    files = {"model.keras": _with_weights(network, ordered("w"))}
+    for name, prefix, key in (("optimizer.npz", "o", "v"), ("best.npz", "b", "w")):
+        values = ordered(prefix)
+        if values or prefix == "o":
+            buffer = io.BytesIO()
+            np.savez(buffer, **{f"{key}{i}": v for i, v in enumerate(values)})
+            files[name] = buffer.getvalue()
+    return files
