@@ -129,12 +129,18 @@ class _Channel:
                             if on_get is None:
                                 raise RuntimeError("this launch serves no files to its ranks")
                             data = on_get(rank, rest)
-                            self.wfile.write(f"ok {len(data)}\n".encode())
-                            self.wfile.write(data)
+                            if not isinstance(data, (bytes, bytearray)):
+                                raise TypeError(f"on_get gave {type(data).__name__}, not bytes")
+                            reply = f"ok {len(data)}\n".encode()
                         except Exception as exc:  # noqa: BLE001 - the rank raises it, naming what it asked
-                            self.wfile.write(f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode()
-                                             + b"\n")
-                        self.wfile.flush()
+                            data = b""
+                            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " | ").encode() + b"\n"
+                        try:
+                            self.wfile.write(reply)
+                            self.wfile.write(data)
+                            self.wfile.flush()
+                        except OSError:
+                            return  # the rank went away: its get fails there
                     elif kind == "join":
                         self.wfile.write(channel.join(rank, json.loads(rest), on_plan).encode() + b"\n")
                         self.wfile.flush()

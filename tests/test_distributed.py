@@ -104,6 +104,30 @@ def test_a_result_streams_through_the_channel_and_is_kept_by_rank(tmp_path):
         channel.close()
 
 
+def test_a_rank_s_get_is_answered_by_the_launch_or_refused_with_its_reason(monkeypatch):
+    import io
+
+    from sparkdeep.channel import _BEAT_ENV, RANK_ENV, _Channel, get
+
+    def on_get(rank, what):
+        if what == "text":
+            return "not bytes"
+        if what == "missing":
+            raise KeyError(what)
+        return f"{rank}:{what}".encode() * 100_000  # beyond a line's limit
+    channel = _Channel("127.0.0.1", on_plan=lambda plan: None, out=io.StringIO(), on_get=on_get)
+    try:
+        monkeypatch.setenv(_BEAT_ENV, f"{channel.address}:{channel.token}:1")
+        monkeypatch.setenv(RANK_ENV, "1")
+        assert get("rows a b") == b"1:rows a b" * 100_000
+        with pytest.raises(RuntimeError, match="did not give missing: KeyError"):
+            get("missing")
+        with pytest.raises(RuntimeError, match="did not give text: TypeError: on_get gave str, not bytes"):
+            get("text")
+    finally:
+        channel.close()
+
+
 def test_put_outside_a_rank_is_an_error(monkeypatch):
     from sparkdeep.distributed import _BEAT_ENV, put
     monkeypatch.delenv(_BEAT_ENV, raising=False)

@@ -230,28 +230,32 @@ def test_the_ranks_start_from_an_archive_without_the_table_and_the_driver_serves
         server(2, "model /layers/column_embeddings/vars/0 1")
 
 
-def test_a_checkpoint_is_put_together_on_the_driver_from_every_rank_s_share():
-    """Each rank hands its rows of the table and of its slots; the driver's files are the
-    whole network's, slot for slot, and a missing share is refused."""
-    import io
-
+def _shares(data: bytes, slots=None, best: bool = False) -> list:
+    """Each of 2 ranks' checkpoint share of the network ``data``, its Adam slots of the split
+    table set to its rows of ``slots`` when given."""
     import keras
-    net = _net(5)
-    data = keras_to_bytes(net)
-    plans = sharding.plan_archive(data, ABOVE)
-    rng = np.random.default_rng(0)
-    slots_whole = rng.normal(size=(LEVELS + 1, 24)).astype("float32")
-    parts = []
+    plans, out = sharding.plan_archive(data, ABOVE), []
     for rank in (0, 1):
         shards = sharding.RankShards(plans, hvd=None, rank=rank, size=2)
         mine = shards.load(data)
         opt = keras.optimizers.Adam()
         opt.build(mine.trainable_variables)
         for v in opt.variables:
-            if shards._rows_of(v) is not None:
-                v.assign(slots_whole[rank::2])
-        parts.append(shards.checkpoint_part(mine, opt, best=mine.get_weights()))
-    files = sharding.assemble_checkpoint(data, parts)
+            if slots is not None and shards._rows_of(v) is not None:
+                v.assign(slots[rank::2])
+        out.append(shards.checkpoint_part(mine, opt, best=mine.get_weights() if best else None))
+    return out
+
+
+def test_a_checkpoint_is_put_together_on_the_driver_from_every_rank_s_share():
+    """Each rank hands its rows of the table and of its slots; the driver's files are the
+    whole network's, slot for slot, and a missing share is refused."""
+    import io
+    net = _net(5)
+    data = keras_to_bytes(net)
+    slots_whole = np.random.default_rng(0).normal(size=(LEVELS + 1, 24)).astype("float32")
+    parts = _shares(data, slots_whole, best=True)
+    files = dict(sharding.assemble_checkpoint(data, parts))
     assert sorted(files) == ["best.npz", "model.keras", "optimizer.npz"]
     for a, b in zip(keras_from_bytes(files["model.keras"]).get_weights(), net.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -262,7 +266,42 @@ def test_a_checkpoint_is_put_together_on_the_driver_from_every_rank_s_share():
     with np.load(io.BytesIO(files["best.npz"])) as best:
         np.testing.assert_array_equal(best[f"w{table}"], net.get_weights()[table])
     with pytest.raises(ValueError, match=r"rank 1 returned \(301, 24\)"):
-        sharding.assemble_checkpoint(data, [parts[0], parts[0]])
+        dict(sharding.assemble_checkpoint(data, [parts[0], parts[0]]))
+
+
+def test_the_driver_names_an_epoch_complete_only_with_every_rank_s_share(tmp_path):
+    """A state.json without every rank's share is refused (the last complete epoch stays the
+    checkpoint), shares of an epoch that never completed are dropped, and close leaves nothing."""
+    import json
+    import os
+
+    from sparkdeep.transformers.keras.checkpoints import CheckpointStore, read_checkpoint
+    net = _net(6)
+    data = keras_to_bytes(net)
+    parts = _shares(data)
+    folder = str(tmp_path / "ck")
+    store = CheckpointStore(folder, network=data, size=2)
+
+    def state(epoch):
+        return json.dumps({"completed_epochs": epoch, "history": [], "files": f"epoch-{epoch:04d}"}).encode()
+    for rank in (0, 1):
+        store(rank, f"epoch-0001/part-{rank:04d}.npz", parts[rank])
+    store(0, "state.json", state(1))
+    assert read_checkpoint(folder)["completed_epochs"] == 1
+    store(0, "epoch-0002/part-0000.npz", parts[0])  # rank 1's share of epoch 2 never comes
+    with pytest.raises(ValueError, match=r"epoch-0002: shares came from ranks \[0\], not all 2"):
+        store(0, "state.json", state(2))
+    again = read_checkpoint(folder)
+    assert again["completed_epochs"] == 1
+    for a, b in zip(keras_from_bytes(again["model_bytes"]).get_weights(), net.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    store(1, "epoch-0003/part-0001.npz", parts[1])  # a later epoch: epoch 2's orphan share goes
+    assert sorted(store._parts) == ["epoch-0003"]
+    with pytest.raises(ValueError, match="not part of a checkpoint"):
+        store(1, "epoch-0003/part-0000.npz", parts[0])  # a share under another rank's number
+    spill = store._spill
+    store.close()
+    assert not os.path.exists(spill)
 
 
 def _with_weights(data: bytes, edit) -> bytes:

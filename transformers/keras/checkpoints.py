@@ -92,21 +92,23 @@ class CheckpointStore:
                  size: int = 1):
         self.folder = folder
         self.signature = signature
-        # Split tables: every rank's share of an epoch (held here until rank 0's state.json),
-        # put together on the architecture of ``network`` (:func:`.sharding.assemble_checkpoint`).
+        # Split tables: every rank's share of an epoch, spilled to the driver's disk until
+        # rank 0's state.json, then put together on the architecture of ``network``
+        # (:func:`.sharding.assemble_checkpoint`); :meth:`close` removes what is left.
         self.network, self.size = network, int(size)
-        self._parts: dict[str, dict[int, bytes]] = {}
+        self._parts: dict[str, dict[int, str]] = {}
+        self._spill: str | None = None
 
     def __call__(self, rank: int, name: str, data: bytes) -> None:
         from sparkdeep import storage
         part = self._PART.match(name)
         if part and self.network is not None and int(part.group(2)) == rank < self.size:
-            self._parts.setdefault(part.group(1), {})[rank] = data
+            self._keep(part.group(1), rank, data)
             return
         if rank != 0 or not self._NAME.match(name):
             raise ValueError(f"checkpoint file {name!r} from rank {rank}: not part of a checkpoint")
         st = storage.Storage()
-        if name == "state.json":
+        if name == "state.json" and self.network is not None:
             self._write_parts(json.loads(data)["files"])
         if name == "state.json" and self.signature is not None:
             # What the checkpoint was made for, so a later fit with other data or another
@@ -119,19 +121,51 @@ class CheckpointStore:
                 if entry.startswith("epoch-") and entry != keep:
                     st.delete(storage.join(self.folder, entry))
 
+    def _keep(self, epoch: str, rank: int, data: bytes) -> None:
+        import os
+        import tempfile
+        if self._spill is None:
+            self._spill = tempfile.mkdtemp(prefix="sparkdeep-checkpoint-parts-")
+        for older in [e for e in self._parts if e < epoch]:  # an epoch that never completed
+            self._drop(older)
+        path = os.path.join(self._spill, f"{epoch}-part-{rank:04d}.npz")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        self._parts.setdefault(epoch, {})[rank] = path
+
+    def _drop(self, epoch: str) -> None:
+        import os
+        for path in self._parts.pop(epoch, {}).values():
+            os.remove(path)
+
     def _write_parts(self, epoch: str) -> None:
-        """The whole files of an epoch whose ranks each sent a part (none: nothing to do)."""
+        """The whole files of an epoch whose every rank sent its share.
+
+        Raises
+        ------
+        ValueError
+            A rank's share is missing (the epoch is not named complete).
+        """
         from sparkdeep import storage
 
         from .sharding import assemble_checkpoint
-        parts = self._parts.pop(epoch, None)
-        if parts is None:
-            return
+        parts = self._parts.get(epoch, {})
         if sorted(parts) != list(range(self.size)):
-            raise ValueError(f"checkpoint {epoch}: parts came from ranks {sorted(parts)}, not all {self.size}")
+            raise ValueError(f"checkpoint {epoch}: shares came from ranks {sorted(parts)}, not all {self.size}: "
+                             "the epoch is not named complete")
         st = storage.Storage()
-        for name, data in assemble_checkpoint(self.network, [parts[r] for r in range(self.size)]).items():
-            st.write_bytes(storage.join(self.folder, epoch, name), data)
+        try:
+            for name, data in assemble_checkpoint(self.network, [parts[r] for r in range(self.size)]):
+                st.write_bytes(storage.join(self.folder, epoch, name), data)
+        finally:
+            self._drop(epoch)
+
+    def close(self) -> None:
+        """Remove the shares of any epoch that never completed (the driver's disk only)."""
+        import shutil
+        if self._spill is not None:
+            shutil.rmtree(self._spill, ignore_errors=True)
+            self._spill, self._parts = None, {}
 
 
 def read_checkpoint(folder: str) -> dict | None:

@@ -259,9 +259,14 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         launched, tables = for_ranks(spec, self.getNumProc())
         store = CheckpointStore(folder, signature, network=model_bytes if tables else None,
                                 size=self.getNumProc()) if folder else None
-        results = run_on_ranks(rank_loop.train_rank, (launched,), num_proc=self.getNumProc(), data=staged,
-                               spill=spill, stall_timeout=self.getOrDefault(self.stallTimeout), on_put=store,
-                               on_get=tables, backend=strategies.backend_for(spec.strategy), shuffle_seed=spec.seed)
+        try:
+            results = run_on_ranks(rank_loop.train_rank, (launched,), num_proc=self.getNumProc(), data=staged,
+                                   spill=spill, stall_timeout=self.getOrDefault(self.stallTimeout), on_put=store,
+                                   on_get=tables, backend=strategies.backend_for(spec.strategy),
+                                   shuffle_seed=spec.seed)
+        finally:
+            if store is not None:
+                store.close()
         del launched, tables
         summary = _summary(results, spec, resume, input_dim=checked["width"], skipped=skipped,
                            times=(t_launch, t_staged, time.time()))

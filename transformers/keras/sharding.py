@@ -145,32 +145,66 @@ def fetch(source: str, key: str, split: bool) -> np.ndarray:
     archive's weights; ``optimizer`` or ``best``: a resumed checkpoint's ``v{i}`` / ``w{i}``), this
     rank's rows only when ``split``, as the driver's :class:`TableServer` answers."""
     from sparkdeep.channel import get
-    return np.load(io.BytesIO(get(f"{source} {key} {int(bool(split))}")), allow_pickle=False)
+    return _npy_view(get(f"{source} {key} {int(bool(split))}"))
+
+
+def _npy_view(data: bytes) -> np.ndarray:
+    """The array of ``.npy`` bytes as a read-only view of them (no copy: a rank's rows of a
+    large table are held once while they are assigned), never an object array."""
+    buffer = io.BytesIO(data)
+    major, _ = np.lib.format.read_magic(buffer)
+    read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(buffer)
+    if dtype.hasobject:
+        raise ValueError("the driver's answer holds Python objects: refused")
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=buffer.tell())
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def _split_datasets(weights, plans: list[TablePlan]) -> dict[str, TablePlan]:
     """The paths, in a ``.keras`` archive's open weights file, of the planned tables'
-    datasets (a layer's ``vars`` group names its layer; table ``g`` is its dataset ``g``)."""
-    import h5py
-    by_layer: dict = {}
-    for p in plans:
-        by_layer.setdefault(p.layer, []).append(p)
-    found: dict[str, TablePlan] = {}
+    datasets. A split layer is one of the model's own (top-level) layers, so its variables
+    are the group ``/layers/<folder>/vars`` whose ``name`` attribute is the layer's name, and
+    table ``g`` is that group's dataset ``g``, of the plan's shape.
 
-    def visit(name, obj):
-        if isinstance(obj, h5py.Group) and name.rsplit("/", 1)[-1] == "vars" and obj.attrs.get("name") in by_layer:
-            for p in by_layer[obj.attrs["name"]]:
-                found[f"{obj.name}/{p.table}"] = p
-    weights.visititems(visit)
-    missing = sorted({f"{p.layer}[{p.table}]" for p in plans} - {f"{p.layer}[{p.table}]" for p in found.values()})
-    if missing:
-        raise ValueError(f"the archive's weights hold no dataset for the split table(s) {missing}")
+    Raises
+    ------
+    ValueError
+        A planned layer has no such group or more than one, or its table is missing or of
+        another shape.
+    """
+    import h5py
+    layers = weights.get("layers")
+    groups: dict[str, list] = {}
+    if isinstance(layers, h5py.Group):
+        for folder in layers:
+            entry = layers.get(folder, getlink=True)
+            group = layers[folder] if isinstance(entry, h5py.HardLink) else None
+            held = group.get("vars") if isinstance(group, h5py.Group) else None
+            if isinstance(held, h5py.Group) and isinstance(layers[folder].get("vars", getlink=True), h5py.HardLink):
+                groups.setdefault(str(held.attrs.get("name", "")), []).append(held)
+    found: dict[str, TablePlan] = {}
+    for p in plans:
+        held = groups.get(p.layer, [])
+        if len(held) != 1:
+            raise ValueError(f"the archive's weights hold {len(held)} variable groups for the split layer "
+                             f"{p.layer!r}, not one")
+        data = held[0].get(str(p.table))
+        if not isinstance(data, h5py.Dataset) or tuple(data.shape) != (p.rows, p.width):
+            shape = tuple(data.shape) if isinstance(data, h5py.Dataset) else None
+            raise ValueError(f"the archive's table {held[0].name}/{p.table} is {shape}, its layer's "
+                             f"{(p.rows, p.width)}")
+        if "dtype" in data.attrs:  # a dtype of Keras' own (bfloat16): served as Keras reads it, not here
+            raise ValueError(f"the archive's table {data.name} is stored as {data.attrs['dtype']!r}")
+        found[data.name] = p
     return found
 
 
 def _copy_emptied(src, dst, emptied: set) -> None:
     """``src`` (an HDF5 group) into ``dst``: attributes, groups and datasets, each one
-    passing Keras' safety checks, the datasets at ``emptied`` with no rows."""
+    passing Keras' safety checks and reached by one link only (a shared object would be
+    copied once per path), the datasets at ``emptied`` with no rows."""
     import h5py
     from keras.src.saving.saving_lib import safe_get_h5_dataset
     for k, v in src.attrs.items():
@@ -180,6 +214,8 @@ def _copy_emptied(src, dst, emptied: set) -> None:
         if not isinstance(link, h5py.HardLink):
             raise ValueError(f"the archive's weights hold a link at {src.name}/{name}: refused")
         obj = src[name]
+        if h5py.h5o.get_info(obj.id).rc != 1:
+            raise ValueError(f"the archive's weights reach {obj.name} by more than one path: refused")
         if isinstance(obj, h5py.Group):
             _copy_emptied(obj, dst.create_group(name), emptied)
             continue
@@ -198,8 +234,10 @@ class TableServer:
     network it starts from, and of a resumed checkpoint's optimizer slots and best weights,
     read as asked (``"<source> <key> <split>"``, :func:`fetch`) and sent as ``.npy`` bytes.
 
-    Only the split tables' datasets are served from the archive, and only the keys the
-    checkpoint's files hold; each dataset passes Keras' own safety checks."""
+    Only the split tables' datasets are served from the archive, always as the asking rank's
+    rows; of the checkpoint's files only the keys they hold, and any array of a split
+    table's shape (a slot, a best table) as the rank's rows only. Each dataset passes Keras'
+    own safety checks."""
 
     def __init__(self, network: bytes, plans: list[TablePlan], size: int, *,
                  optimizer: bytes | None = None, best: bytes | None = None):
@@ -212,7 +250,9 @@ class TableServer:
         self._network = network
         self._weights = h5py.File(io.BytesIO(self._weights_bytes), "r")
         self._tables = _split_datasets(self._weights, plans)
+        self._shapes = {(p.rows, p.width) for p in plans}
         self._files = {"optimizer": optimizer, "best": best}
+        self._last: tuple | None = None  # (source, key, array): the ranks ask in the same order
         self._lock = threading.Lock()
 
     def rank_archive(self) -> bytes:
@@ -226,6 +266,16 @@ class TableServer:
                 zf.writestr(info, out.getvalue() if info.filename == "model.weights.h5" else src.read(info))
         return archive.getvalue()
 
+    def _array(self, source: str, key: str) -> np.ndarray:
+        if self._last is not None and self._last[:2] == (source, key):
+            return self._last[2]
+        with np.load(io.BytesIO(self._files[source]), allow_pickle=False) as saved:
+            if key not in saved.files:
+                raise ValueError(f"the checkpoint's {source} file holds no {key!r}")
+            value = saved[key]
+        self._last = (source, key, value)
+        return value
+
     def __call__(self, rank: int, what: str) -> bytes:
         from keras.src.saving.saving_lib import safe_get_h5_dataset
         source, key, split = (what.split(" ") + ["", "", ""])[:3]
@@ -233,18 +283,17 @@ class TableServer:
             raise ValueError(f"rank {rank} asked for {what!r}: not '<source> <key> 0|1' from a rank of {self.size}")
         with self._lock:
             if source == "model" and key in self._tables:
+                if split != "1":
+                    raise ValueError(f"rank {rank} asked for the whole split table {key}: only its rows are served")
                 parent, _, name = key.rpartition("/")
-                p = self._tables[key]
-                data = safe_get_h5_dataset(self._weights[parent], name)
-                if tuple(data.shape) != (p.rows, p.width):
-                    raise ValueError(f"the archive's table {key} is {tuple(data.shape)}, its layer's {(p.rows, p.width)}")
-                value = data[int(rank)::self.size] if split == "1" else data[()]
+                value = safe_get_h5_dataset(self._weights[parent], name)[int(rank)::self.size]
             elif self._files.get(source) is not None:
-                with np.load(io.BytesIO(self._files[source]), allow_pickle=False) as saved:
-                    if key not in saved.files:
-                        raise ValueError(f"the checkpoint's {source} file holds no {key!r}")
-                    value = saved[key]
-                value = value[int(rank)::self.size] if split == "1" else value
+                value = self._array(source, key)
+                table = value.ndim == 2 and tuple(value.shape) in self._shapes
+                if table != (split == "1"):
+                    raise ValueError(f"rank {rank} asked for {what!r}: {key} is {tuple(value.shape)}, "
+                                     f"{'a split table: only its rows are' if table else 'served whole, not'} served")
+                value = value[int(rank)::self.size] if table else value
             else:
                 raise ValueError(f"rank {rank} asked for {what!r}, which this launch does not serve")
         buffer = io.BytesIO()
@@ -264,8 +313,13 @@ def for_ranks(spec, size: int):
     plans = plan_archive(network, above) if above and size > 1 else []
     if not plans:
         return spec, None
-    server = TableServer(network, plans, size, optimizer=resume and resume.get("optimizer_bytes"),
-                         best=resume and resume.get("best_bytes"))
+    try:
+        server = TableServer(network, plans, size, optimizer=resume and resume.get("optimizer_bytes"),
+                             best=resume and resume.get("best_bytes"))
+    except ValueError as exc:
+        if "stored as" not in str(exc):
+            raise
+        return spec, None  # a table in a dtype of Keras' own: the ranks cut it from the archive, as Keras reads it
     skeleton = server.rank_archive()
     if resume:
         resume = {**resume, "model_bytes": skeleton, "optimizer_bytes": None, "best_bytes": None,
@@ -560,40 +614,47 @@ def assemble(model_bytes: bytes, parts: list[dict], above: int) -> bytes:
     return keras_to_bytes(whole)
 
 
-def assemble_checkpoint(network: bytes, parts: list[bytes]) -> dict[str, bytes]:
-    """An epoch's checkpoint files, whole, on the driver, from every rank's
-    :meth:`RankShards.checkpoint_part` (in rank order) and the architecture of ``network``:
-    ``model.keras``, ``optimizer.npz`` and, when the parts hold best weights, ``best.npz``, as
-    a checkpoint of a replicated network would be (:func:`.checkpoints.read_checkpoint`).
+def assemble_checkpoint(network: bytes, parts: list):
+    """An epoch's checkpoint files, whole, on the driver, one at a time as ``(name, bytes)``
+    (so the caller stores each and lets it go), from every rank's
+    :meth:`RankShards.checkpoint_part` (files or bytes, in rank order) and the architecture of
+    ``network``: ``model.keras``, ``optimizer.npz`` and, when the parts hold best weights,
+    ``best.npz``, as a checkpoint of a replicated network would be
+    (:func:`.checkpoints.read_checkpoint`). The parts are read an array at a time: the whole
+    of one array and its pieces, not every rank's share at once.
 
     Raises
     ------
     ValueError
         A part lacks an array rank 0's names as split, or holds the wrong rows of it.
     """
-    loaded = []
-    for r, data in enumerate(parts):
-        with np.load(io.BytesIO(data), allow_pickle=False) as saved:
-            loaded.append({k: saved[k] for k in saved.files})
-    rows = json.loads(str(loaded[0].pop("rows")))
-    merged = {}
-    for key, value in loaded[0].items():
-        if key not in rows:
-            merged[key] = value
-            continue
-        missing = [r for r, part in enumerate(loaded) if key not in part]
-        if missing:
-            raise ValueError(f"rank {missing[0]}'s checkpoint part lacks {key}, a split table's")
-        merged[key] = _interleave([part[key] for part in loaded], int(rows[key]), key)
+    opened = [np.load(part if isinstance(part, str) else io.BytesIO(part), allow_pickle=False) for part in parts]
+    try:
+        rows = json.loads(str(opened[0]["rows"]))
+        keys = [k for k in opened[0].files if k != "rows"]
 
-    def ordered(prefix: str) -> list:
-        return [merged[f"{prefix}{i}"] for i in range(sum(1 for k in merged if k[0] == prefix and k[1:].isdigit()))]
+        def merged(key: str) -> np.ndarray:
+            if key not in rows:
+                return opened[0][key]
+            missing = [r for r, part in enumerate(opened) if key not in part.files]
+            if missing:
+                raise ValueError(f"rank {missing[0]}'s checkpoint part lacks {key}, a split table's")
+            return _interleave([part[key] for part in opened], int(rows[key]), key)
 
-    files = {"model.keras": _with_weights(network, ordered("w"))}
-    for name, prefix, key in (("optimizer.npz", "o", "v"), ("best.npz", "b", "w")):
-        values = ordered(prefix)
-        if values or prefix == "o":
-            buffer = io.BytesIO()
-            np.savez(buffer, **{f"{key}{i}": v for i, v in enumerate(values)})
-            files[name] = buffer.getvalue()
-    return files
+        def count(prefix: str) -> int:
+            return sum(1 for k in keys if k[0] == prefix and k[1:].isdigit())
+
+        yield "model.keras", _with_weights(network, [merged(f"w{i}") for i in range(count("w"))])
+        for name, prefix, key in (("optimizer.npz", "o", "v"), ("best.npz", "b", "w")):
+            n = count(prefix)
+            if not n and prefix == "b":
+                continue
+            buffer = io.BytesIO()  # what np.savez writes, an array at a time
+            with zipfile.ZipFile(buffer, "w") as zf:
+                for i in range(n):
+                    with zf.open(f"{key}{i}.npy", "w", force_zip64=True) as fh:
+                        np.lib.format.write_array(fh, np.asarray(merged(f"{prefix}{i}")), allow_pickle=False)
+            yield name, buffer.getvalue()
+    finally:
+        for part in opened:
+            part.close()
