@@ -15,6 +15,8 @@ from sparkdeep.transformers.keras import sharding
 from sparkdeep.transformers.keras.network import keras_from_bytes, keras_to_bytes
 from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
+from ._roundtrip import transform_in_new_process
+
 LEVELS = 600  # the table: 601 rows (with the unseen/null bucket) x 24 = 57,696 bytes
 ABOVE = 10_000
 
@@ -100,7 +102,7 @@ def test_each_rank_holds_its_half_of_the_table_and_of_its_slots(fits):
 
 
 @pytest.mark.slow
-def test_the_saved_model_holds_the_whole_table_and_scores_as_trained(fits, ids, tmp_path):
+def test_the_saved_model_holds_the_whole_table_and_scores_as_trained_here_and_in_a_new_process(fits, ids, tmp_path):
     from sparkdeep.transformers._keras_layers import ColumnEmbeddings
     from sparkdeep.transformers.keras_estimator import DistributedKerasModel
     _, test = ids
@@ -111,12 +113,18 @@ def test_the_saved_model_holds_the_whole_table_and_scores_as_trained(fits, ids, 
     model.save(path)
     again = DistributedKerasModel.load(path)
 
-    def scores(m):
-        return m.transform(test).select("id", vector_to_array("probability")[1].alias("p")).toPandas() \
+    def scores_of(scored):
+        return scored.select("id", vector_to_array("probability")[1].alias("p")).toPandas() \
             .sort_values("id")["p"].to_numpy()
+
+    def scores(m):
+        return scores_of(m.transform(test))
     np.testing.assert_array_equal(scores(model), scores(again))
     # The same network as the replicated fit's, to float rounding.
     np.testing.assert_allclose(scores(model), scores(fits["replicated"]), atol=1e-4)
+    # A fresh Python process, which never saw the split, loads and scores it the same.
+    fresh = transform_in_new_process(model, test.select("id", "features"), tmp_path, ["id", "probability"])
+    np.testing.assert_allclose(scores_of(fresh), scores(model), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow
