@@ -96,7 +96,7 @@ def fit_network(train, test, levels: int, items: int, shard: bool, args) -> dict
     est = DistributedKerasEstimator(
         featuresCol="features", labelCol="label", numProc=2, epochs=args.epochs, batchSize=args.batch,
         learningRate=args.lr, warmupEpochs=0.0, lrSchedule="constant", validationFraction=0.1,
-        earlyStoppingPatience=0, seed=args.seed, metrics=["auc"], model=net,
+        earlyStoppingPatience=0, seed=args.seed, metrics=["auc"], model=net, optimizer=args.optimizer,
         shardEmbeddingsAbove=1 if shard else 0)
     t0 = time.time()
     model = est.fit(train)
@@ -112,7 +112,7 @@ def fit_network(train, test, levels: int, items: int, shard: bool, args) -> dict
               "memory": r.get("memory")}
              for r in s["ranks"]]
     hist = s["history"]
-    return {"mode": "sharded" if shard else "replicated", "auc": round(auc, 4), "fit_s": round(seconds, 1),
+    return {"mode": "sharded" if shard else "replicated", "optimizer": args.optimizer, "auc": round(auc, 4), "fit_s": round(seconds, 1),
             "samples_per_s": round(sum(h["samples_per_s"] for h in hist[1:] or hist) / len(hist[1:] or hist)),
             "table_mb": round((levels + items + 2) * 24 * 4 / 2**20, 1), "ranks": ranks}
 
@@ -195,6 +195,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--modes", nargs="+", choices=("replicated", "split"), default=["replicated", "split"],
                    help="which of the network's fits to run")
+    p.add_argument("--optimizer", default="adam", help="the network's: adam, or lazy_adam (row-wise sparse updates)")
     p.add_argument("--tree-memory-gb", type=float, default=8.0)
     p.add_argument("--public", choices=("movielens",), help="a public ratings table instead of generated ones")
     p.add_argument("--tree", choices=("lightgbm", "xgboost"), help=argparse.SUPPRESS)  # the child of fit_tree_apart

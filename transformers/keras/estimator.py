@@ -44,6 +44,7 @@ from .contract import RankSpec, Staged
 from .feed import ShardSpill, chunk_rows_for
 from .model import DistributedKerasModel
 from .profile import launch_breakdown, profile_summary
+from .optimizers import check_optimizer
 from .sharding import for_ranks
 from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
                       network_output)
@@ -146,6 +147,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
         if self.getOrDefault(self.accumulationSteps) < 1:
             raise ValueError(f"accumulationSteps must be >= 1, got {self.getOrDefault(self.accumulationSteps)}")
         strategy_rule(self.getOrDefault(self.strategy))
+        check_optimizer(self.getOrDefault(self.optimizer))
         for param, allowed in ((self.lrSchedule, Choices.LR_SCHEDULES), (self.compression, Choices.COMPRESSIONS)):
             if self.getOrDefault(param) not in allowed:
                 raise ValueError(f"{param.name} must be one of {', '.join(map(repr, allowed))}, "

@@ -43,6 +43,7 @@ import time
 import numpy as np
 
 from .contract import RankResult, RankSpec, RankTimings
+from .optimizers import make_optimizer
 from .strategies import RankStrategy, merged
 
 log = logging.getLogger(__name__)
@@ -233,8 +234,7 @@ class Coordinator:
         start_epoch = int(resume["completed_epochs"]) if resume else 0
         with strategy.scope():
             model = keras_from_bytes(resume["model_bytes"] if resume else spec.model_bytes)
-            optimizer = keras.optimizers.get({"class_name": spec.optimizer,
-                                              "config": {"learning_rate": float(spec.learning_rate)}})
+            optimizer = make_optimizer(spec.optimizer, float(spec.learning_rate))
             optimizer.build(model.trainable_variables)
             train_metrics = [make_metric(m, spec.task) for m in spec.metrics]
             val_metrics = [make_metric(m, spec.task) for m in spec.metrics]

@@ -41,6 +41,7 @@ from sparkdeep.transformers._faults import after_epoch_hook
 from .checkpoints import best_weights_from, load_optimizer_state, send_checkpoint, send_part, send_state
 from .contract import RankResult, RankSpec, RankTimings
 from .network import keras_from_bytes, keras_to_bytes, make_metric, weights_digest
+from .optimizers import make_optimizer
 from .profile import EpochClock, EpochTrace, MemoryMarks, peak_rss_mb, training_flops_per_sample
 from .strategies import add_gradients, merged, scale_gradients
 
@@ -495,7 +496,7 @@ def train_rank(spec: RankSpec) -> RankResult:
     base_lr = float(spec.learning_rate)
     target_lr = base_lr * (size if spec.scale_lr else 1)
     warmup = int(round(float(spec.warmup_epochs) * updates))
-    optimizer = keras.optimizers.get({"class_name": spec.optimizer, "config": {"learning_rate": base_lr}})
+    optimizer = make_optimizer(spec.optimizer, base_lr)
     optimizer.build(model.trainable_variables)
     if resume and shards:  # every rank its own rows of the split tables' slots
         shards.load_optimizer(optimizer, resume.get("optimizer_bytes"))
