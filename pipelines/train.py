@@ -83,7 +83,7 @@ def keras_estimator(train_cfg, *, task: str, seed: int, classes: list[str] | Non
     return DistributedKerasEstimator(
         featuresCol=FEATURES, labelCol=LABEL, weightCol=WEIGHT,
         loss=t.loss or DEFAULT_LOSS[task], modelArgs=args, modelBuilder=builder,
-        numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate,
+        numProc=t.num_proc, epochs=t.epochs, batchSize=batch, learningRate=t.learning_rate, optimizer=t.optimizer,
         metrics=list(t.metrics or DEFAULT_METRICS[task]), validationFraction=t.validation_fraction, rowIdCol=row_id,
         earlyStoppingPatience=t.early_stopping_patience, accumulationSteps=t.accumulation_steps,
         compression=t.compression, warmupEpochs=t.warmup_epochs,

@@ -67,6 +67,7 @@ class TrainConfig:
     epochs: int
     batch_size: int
     learning_rate: float
+    optimizer: str          # Choices.OPTIMIZERS: adam, lazy_adam (row-wise sparse updates), sgd, ...
     loss: str
     hidden_units: tuple[int, ...]
     dropout: float
@@ -224,6 +225,7 @@ class Config:
             ("train.metrics", all(m.lower() in metric_names for m in self.train.metrics)),
             ("train.loss", loss_ok),
             ("train.learning_rate", self.train.learning_rate > 0),
+            ("train.optimizer", self.train.optimizer.lower() in Choices.OPTIMIZERS),
             ("train.dropout", 0 <= self.train.dropout < 1),
             ("train.validation_fraction", 0 <= self.train.validation_fraction < 1),
             ("train.early_stopping_patience", self.train.early_stopping_patience >= 0),
@@ -258,6 +260,7 @@ class Config:
                    "train.hidden_units": "one or more layer widths, each >= 1",
                    "train.strategy": f"one of {list(STRATEGY_RULES)}",
                    "train.compression": f"one of {list(Choices.COMPRESSIONS)}",
+                   "train.optimizer": f"one of {list(Choices.OPTIMIZERS)}",
                    "train.stall_timeout": "a finite number of seconds > 0",
                    "train.shard_embeddings_above": "a number of bytes >= 0 (0 = never split a table)",
                    "prepare.hash_buckets": "0 (every level its own index), or 2 to 2^30 buckets with "

@@ -58,6 +58,11 @@ class Choices:
     # tune: which trials stop early (pipelines/tune.py): below the median of the finished trials at
     # the same epoch, Optuna's successive halving (asynchronous), or none (every trial runs its epochs).
     PRUNERS = ("median", "successive_halving", "none")
+    # train.optimizer: Keras' own optimizers by name, and lazy_adam (Adam whose sparse updates touch
+    # the looked-up rows only: transformers/keras/optimizers.py). The estimator also takes any name
+    # Keras' registry knows.
+    OPTIMIZERS = ("adam", "lazy_adam", "adamw", "adamax", "nadam", "sgd", "rmsprop", "adagrad", "adadelta",
+                  "adafactor", "ftrl", "lion")
     # prepare.hash_buckets / HashIndexer: the most buckets a column may have (its table's rows stay int32).
     MAX_HASH_BUCKETS = 2 ** 30
 

@@ -164,6 +164,7 @@ def test_a_non_finite_number_in_a_file_names_key_and_file(conf):
     ("baselines.depth=30", "baselines.depth"),
     ("gate.min_value=1.5", "gate.min_value"),
     ("gate.max_regression=-0.1", "gate.max_regression"),
+    ("train.optimizer=adamx", "train.optimizer"),
 ])
 def test_values_that_would_fail_late_are_config_errors(conf, override, key):
     with pytest.raises(ConfigError, match=rf"'{key}'.*out of range"):
@@ -187,6 +188,7 @@ def test_a_strategy_and_params_it_does_not_use_are_refused_before_any_step(conf,
     assert load_config(conf, overrides=["train.strategy=local_sgd", "train.local_steps=4"]).train.local_steps == 4
     assert load_config(conf, overrides=["train.compression=fp16"]).train.strategy == "horovod"
     assert load_config(conf, overrides=["train.shard_embeddings_above=1000000"]).train.shard_embeddings_above == 10**6
+    assert load_config(conf, overrides=["train.optimizer=lazy_adam"]).train.optimizer == "lazy_adam"
     # The default scale_learning_rate (true) does not stop parameter_server: the train job
     # passes it to the synchronous strategies only.
     assert load_config(conf, overrides=["train.strategy=parameter_server"]).train.scale_learning_rate is True

@@ -83,7 +83,7 @@ def test_baselines_score_raw_rows_with_unseen_and_null_values(spark, binary):
                    for r in rows), name
 
 
-def test_each_task_gets_mllibs_models_and_xgboost_for_it():
+def test_each_task_gets_mllibs_models_and_xgboost_for_it(spark):  # MLlib makes its JVM objects at once
     from pyspark.ml import classification as C
     from pyspark.ml import regression as R
     from xgboost.spark import SparkXGBClassifier, SparkXGBRegressor

@@ -288,7 +288,7 @@ def test_the_driver_names_an_epoch_complete_only_with_every_rank_s_share(tmp_pat
     data = keras_to_bytes(net)
     parts = _shares(data)
     folder = str(tmp_path / "ck")
-    store = CheckpointStore(folder, network=data, size=2)
+    store = CheckpointStore(folder, network=data, size=2, assemble=sharding.assemble_checkpoint)
 
     def state(epoch):
         return json.dumps({"completed_epochs": epoch, "history": [], "files": f"epoch-{epoch:04d}"}).encode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 from .network import keras_to_bytes
 
@@ -89,13 +90,16 @@ class CheckpointStore:
     _PART = re.compile(r"^(epoch-\d{4,})/part-(\d{4,})\.npz$")
 
     def __init__(self, folder: str, signature: dict | None = None, *, network: bytes | None = None,
-                 size: int = 1):
+                 size: int = 1, assemble: Callable | None = None):
         self.folder = folder
         self.signature = signature
         # Split tables: every rank's share of an epoch, spilled to the driver's disk until
-        # rank 0's state.json, then put together on the architecture of ``network``
-        # (:func:`.sharding.assemble_checkpoint`); :meth:`close` removes what is left.
-        self.network, self.size = network, int(size)
+        # rank 0's state.json, then put together on the architecture of ``network`` by
+        # ``assemble(network, shares)`` (:func:`.sharding.assemble_checkpoint`: it yields
+        # each whole file's name and bytes); :meth:`close` removes what is left.
+        self.network, self.size, self._assemble = network, int(size), assemble
+        if network is not None and assemble is None:
+            raise ValueError("CheckpointStore: a network to put shares together on needs its assemble")
         self._parts: dict[str, dict[int, str]] = {}
         self._spill: str | None = None
 
@@ -147,15 +151,13 @@ class CheckpointStore:
             A rank's share is missing (the epoch is not named complete).
         """
         from sparkdeep import storage
-
-        from .sharding import assemble_checkpoint
         parts = self._parts.get(epoch, {})
         if sorted(parts) != list(range(self.size)):
             raise ValueError(f"checkpoint {epoch}: shares came from ranks {sorted(parts)}, not all {self.size}: "
                              "the epoch is not named complete")
         st = storage.Storage()
         try:
-            for name, data in assemble_checkpoint(self.network, [parts[r] for r in range(self.size)]):
+            for name, data in self._assemble(self.network, [parts[r] for r in range(self.size)]):
                 st.write_bytes(storage.join(self.folder, epoch, name), data)
         finally:
             self._drop(epoch)

@@ -45,7 +45,7 @@ from .feed import ShardSpill, chunk_rows_for
 from .model import DistributedKerasModel
 from .profile import launch_breakdown, profile_summary
 from .optimizers import check_optimizer
-from .sharding import for_ranks
+from .sharding import assemble_checkpoint, for_ranks
 from .network import (builder_parameters, resolve_builder, check_labels, check_network, keras_from_bytes, keras_to_bytes,
                       network_output)
 from .params import (CheckpointParams, RunParams, NetworkParams, ScoringParams,
@@ -259,8 +259,8 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
                            chunk_rows=chunk_rows_for(spec.shuffle_buffer_rows))
         # Split tables: the ranks start with none of their rows, which they ask the driver for.
         launched, tables = for_ranks(spec, self.getNumProc())
-        store = CheckpointStore(folder, signature, network=model_bytes if tables else None,
-                                size=self.getNumProc()) if folder else None
+        store = CheckpointStore(folder, signature, network=model_bytes if tables else None, size=self.getNumProc(),
+                                assemble=assemble_checkpoint if tables else None) if folder else None
         try:
             results = run_on_ranks(rank_loop.train_rank, (launched,), num_proc=self.getNumProc(), data=staged,
                                    spill=spill, stall_timeout=self.getOrDefault(self.stallTimeout), on_put=store,
