@@ -222,6 +222,26 @@ def send_failure(setting: str, rank, message: str, details: str = "") -> None:
         conn.sendall(b"".join(lines))
 
 
+def _in_rank(call: str) -> tuple[str, str]:
+    """The channel's setting and this rank's number, inside a launched rank."""
+    setting = os.environ.get(_BEAT_ENV, "")
+    if not setting:
+        raise RuntimeError(f"{call}: not inside a rank started by run_on_ranks")
+    return setting, os.environ.get(RANK_ENV, "0")
+
+
+def _send_for_reply(setting: str, kind: str, rank, text: str, body: Callable, timeout: float) -> str:
+    """One message and its payload (``body(conn)`` writes it) on a connection of its own;
+    the driver's one-line reply."""
+    import socket
+    address, line = _address_and_line(setting, kind, rank, text)
+    with socket.create_connection(address, timeout=timeout) as conn:
+        conn.settimeout(timeout)
+        conn.sendall(line)
+        body(conn)
+        return conn.makefile("rb").readline().decode("utf-8", "replace").strip()
+
+
 def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
     """From a rank: hand the file ``name`` (its bytes) to the driver, which stores it with
     the launch's ``on_put`` (:func:`sparkdeep.distributed.run_on_ranks`), and wait until it is stored. A rank has
@@ -232,17 +252,8 @@ def put(name: str, data: bytes, *, timeout: float = 600.0) -> None:
     RuntimeError
         Not inside a launched rank, or the driver could not store the file (its reason).
     """
-    import socket
-    setting = os.environ.get(_BEAT_ENV, "")
-    if not setting:
-        raise RuntimeError(f"put({name!r}): not inside a rank started by run_on_ranks")
-    rank = os.environ.get(RANK_ENV, "0")
-    address, line = _address_and_line(setting, "put", rank, f"{len(data)} {name}")
-    with socket.create_connection(address, timeout=timeout) as conn:
-        conn.settimeout(timeout)
-        conn.sendall(line)
-        conn.sendall(data)
-        reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
+    setting, rank = _in_rank(f"put({name!r})")
+    reply = _send_for_reply(setting, "put", rank, f"{len(data)} {name}", lambda conn: conn.sendall(data), timeout)
     if reply != "ok":
         raise RuntimeError(f"the driver could not store {name}: {reply.removeprefix('error ') or 'no reply'}")
 
@@ -259,10 +270,7 @@ def get(what: str, *, timeout: float = 600.0) -> bytes:
         Not inside a launched rank, or the driver refused (its reason).
     """
     import socket
-    setting = os.environ.get(_BEAT_ENV, "")
-    if not setting:
-        raise RuntimeError(f"get({what!r}): not inside a rank started by run_on_ranks")
-    rank = os.environ.get(RANK_ENV, "0")
+    setting, rank = _in_rank(f"get({what!r})")
     address, line = _address_and_line(setting, "get", rank, what)
     with socket.create_connection(address, timeout=timeout) as conn:
         conn.settimeout(timeout)
@@ -289,14 +297,9 @@ def send_result(setting: str, rank, path: str, *, timeout: float = 600.0) -> Non
     RuntimeError
         The driver did not take it (its reply).
     """
-    import socket
-    size = os.path.getsize(path)
-    address, line = _address_and_line(setting, "result", rank, str(size))
-    with socket.create_connection(address, timeout=timeout) as conn, open(path, "rb") as fh:
-        conn.settimeout(timeout)
-        conn.sendall(line)
-        conn.sendfile(fh)
-        reply = conn.makefile("rb").readline().decode("utf-8", "replace").strip()
+    with open(path, "rb") as fh:
+        reply = _send_for_reply(setting, "result", rank, str(os.path.getsize(path)), lambda conn: conn.sendfile(fh),
+                                timeout)
     if reply != "ok":
         raise RuntimeError(f"rank {rank}: the driver did not take its result ({reply or 'no reply'})")
 
