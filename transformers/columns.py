@@ -17,14 +17,16 @@ from pyspark.ml import Transformer
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasInputCols, HasOutputCol
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdeep.names import ORIGINAL_NAME, quoted
 
+from ._persist import ParamsWritable
 
-class ColumnRenamer(Transformer, DefaultParamsReadable, DefaultParamsWritable):
+
+class ColumnRenamer(Transformer, DefaultParamsReadable, ParamsWritable):
     """Rename source columns to internal names; columns already internal pass through.
     Categorical columns (``stringCols``) of another type are cast to strings as ingest
     casts them (a boolean reads ``true``/``false``), so raw rows score as ingested ones.
@@ -160,7 +162,7 @@ def wide_plans(spark):
 
 
 class WideAssembler(Transformer, HasInputCols, HasOutputCol, HasHandleInvalid, DefaultParamsReadable,
-                    DefaultParamsWritable):
+                    ParamsWritable):
     """MLlib's ``VectorAssembler`` (the same vector, ML attributes and ``handleInvalid``),
     at a cost linear in the number of columns.
 

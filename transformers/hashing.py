@@ -21,13 +21,15 @@ from pyspark import keyword_only
 from pyspark.ml import Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCols, HasOutputCols
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkdeep.names import quoted
 from sparkdeep.registry import Choices
+
+from ._persist import ParamsWritable
 
 
 def bucket_of(value: str | None, buckets: int) -> int:
@@ -57,7 +59,7 @@ def _buckets_udf(buckets: int):
     return buckets_of
 
 
-class HashIndexer(Transformer, HasInputCols, HasOutputCols, DefaultParamsReadable, DefaultParamsWritable):
+class HashIndexer(Transformer, HasInputCols, HasOutputCols, DefaultParamsReadable, ParamsWritable):
     """Each categorical column's value as one of ``numBuckets`` hash buckets (a double
     index, ``numBuckets`` for a null), in one projection whatever the column count.
 

@@ -42,11 +42,12 @@ from pyspark.ml.feature import PCAModel, StandardScalerModel
 from pyspark.ml.linalg import DenseMatrix, DenseVector
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasInputCol, HasOutputCol
-from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter, DefaultParamsReader, DefaultParamsWriter
+from pyspark.ml.util import DefaultParamsReader, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ._persist import ParamsWriter, save_metadata
 from ._vectors import (BatchMatrices, feature_names, guard_input, numeric_attrs_metadata, require_new,
                        require_one_length, require_vector, vector_size)
 
@@ -109,7 +110,7 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
         self._set(**self._input_kwargs)
 
     def write(self) -> MLWriter:
-        return DefaultParamsWriter(self)
+        return ParamsWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
@@ -602,9 +603,8 @@ class _PCAModelWriter(MLWriter):
 
     def saveImpl(self, path: str) -> None:
         m = self.instance
-        DefaultParamsWriter.saveMetadata(m, path, self.sparkSession,
-                                         extraMetadata={"k": m.numComponents, "inputNames": m.inputNames,
-                                                        "skippedRows": m.skippedRows})
+        save_metadata(m, path, self.sparkSession,
+                      extra={"k": m.numComponents, "inputNames": m.inputNames, "skippedRows": m.skippedRows})
         schema = T.StructType([T.StructField("mean", T.ArrayType(T.DoubleType())),
                                T.StructField("std", T.ArrayType(T.DoubleType())),
                                T.StructField("components", T.ArrayType(T.DoubleType())),

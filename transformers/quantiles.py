@@ -41,11 +41,13 @@ from pyspark.ml import Estimator
 from pyspark.ml.feature import Bucketizer, ImputerModel
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasInputCols, HasOutputCols
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparkdeep.names import quoted
+
+from ._persist import ParamsWritable
 
 #: Order statistics per column in one summary (memory: points x columns doubles).
 POINTS = 2048
@@ -248,7 +250,7 @@ def _no_values(cols: list[str], q: np.ndarray, what: str) -> None:
         raise ValueError(f"column(s) {empty} have no non-null, non-NaN value in the rows fitted: no {what}")
 
 
-class MedianImputer(Estimator, HasInputCols, HasOutputCols, DefaultParamsReadable, DefaultParamsWritable):
+class MedianImputer(Estimator, HasInputCols, HasOutputCols, DefaultParamsReadable, ParamsWritable):
     """MLlib's ``Imputer(strategy='median')`` fitted in one pass over every column: the
     model is an ``ImputerModel`` holding each column's median (see the module docstring).
     Nulls and NaN are the missing values. A column with no value is an error naming it.
@@ -288,7 +290,7 @@ class MedianImputer(Estimator, HasInputCols, HasOutputCols, DefaultParamsReadabl
 
 
 class QuantileBinner(Estimator, HasInputCols, HasOutputCols, HasHandleInvalid, DefaultParamsReadable,
-                     DefaultParamsWritable):
+                     ParamsWritable):
     """MLlib's ``QuantileDiscretizer`` (several columns) fitted in one pass over every
     column: the model is a ``Bucketizer`` whose edges are each column's quantiles at
     0, 1/numBuckets, ..., 1 (first and last replaced by -inf and +inf, repeats dropped, as

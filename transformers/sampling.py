@@ -38,10 +38,12 @@ from pyspark.ml import Estimator, Model, Pipeline, PipelineModel, Transformer
 from pyspark.ml.pipeline import PipelineSharedReadWrite, PipelineWriter
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasLabelCol, HasSeed, HasWeightCol
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, MLReader, MLWriter
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from ._persist import ParamsWritable
 
 _HASH_BUCKETS = 1 << 30
 _ALL = "__all__"
@@ -354,7 +356,7 @@ def _unhashable(dtype: T.DataType) -> bool:
 
 # -- the training-only contract, shared by every sampler model ----------------------------
 
-class _SamplerModel(Model, DefaultParamsReadable, DefaultParamsWritable):
+class _SamplerModel(Model, DefaultParamsReadable, ParamsWritable):
     """Samples on ``sample``; passes every row through on ``transform``."""
 
     hashCols = Param(Params._dummy(), "hashCols", "columns whose values decide row membership",
@@ -477,7 +479,7 @@ class _UniformParams(HasSeed, _HasKeyCols):
         self._setDefault(seed=42)
 
 
-class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, DefaultParamsWritable):
+class UniformSampler(Estimator, _UniformParams, DefaultParamsReadable, ParamsWritable):
     """Keep a ``fraction`` of rows (hash Bernoulli, like ``df.sample``) or exactly
     ``targetCount`` rows (hash thresholds). Set exactly one of the two."""
 
@@ -580,7 +582,7 @@ def _as_json(value):
     return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
 
-class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, DefaultParamsWritable):
+class StratifiedSampler(Estimator, _StratifiedParams, DefaultParamsReadable, ParamsWritable):
     """Per-stratum fractions or counts, hit exactly (``sampleBy`` is only approximate).
 
     Keys of ``fractions``/``targetCounts`` are compared with the stratum column's values
@@ -687,7 +689,7 @@ class _ClassBalanceParams(HasLabelCol, HasWeightCol, HasSeed, HasHandleInvalid, 
         return self.getOrDefault(self.majorityRatio)
 
 
-class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable, DefaultParamsWritable):
+class ClassBalanceSampler(Estimator, _ClassBalanceParams, DefaultParamsReadable, ParamsWritable):
     """Downsample every class to at most ``majorityRatio`` x the smallest class, exactly,
     and add ``weightCol`` restoring the original class prior (mean weight 1).
 

@@ -32,10 +32,11 @@ from pyspark.ml.feature import VectorSlicer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasHandleInvalid, HasLabelCol, HasOutputCol, HasSeed
 from pyspark.ml.stat import Summarizer
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ._persist import ParamsWritable
 from ._vectors import (BatchMatrices, class_index_or_fail, feature_names, guard_input, handle_invalid_rows,
                        invalid_row, label_summary, require_categorical_label, require_new, require_numeric,
                        require_one_length, require_vector, vector_size)
@@ -62,7 +63,7 @@ class _SelectorParams(HasFeaturesCol, HasOutputCol, HasHandleInvalid):
         require_new(df.schema, self.getOutputCol())
 
 
-class SelectorModel(Model, _SelectorParams, DefaultParamsReadable, DefaultParamsWritable):
+class SelectorModel(Model, _SelectorParams, DefaultParamsReadable, ParamsWritable):
     """Slices the selected features; shared by every selector in this module."""
 
     selectedFeatures = Param(Params._dummy(), "selectedFeatures", "indices of the kept features",
@@ -206,7 +207,7 @@ class VarianceSelectorModel(SelectorModel):
     """Fitted :class:`VarianceSelector`; ``featureScores`` are the sample variances."""
 
 
-class VarianceSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritable):
+class VarianceSelector(_SelectorBase, DefaultParamsReadable, ParamsWritable):
     """Keep features whose sample variance is above ``varianceThreshold``.
 
     Constant features (variance 0) go with the default threshold 0.0.
@@ -254,7 +255,7 @@ class MissingRateSelectorModel(SelectorModel):
     """Fitted :class:`MissingRateSelector`; ``featureScores`` are the NaN rates."""
 
 
-class MissingRateSelector(_SelectorBase, DefaultParamsReadable, DefaultParamsWritable):
+class MissingRateSelector(_SelectorBase, DefaultParamsReadable, ParamsWritable):
     """Keep features whose share of missing values (NaN) is at most ``maxMissingRate``.
 
     Nulls in raw columns become NaN in the vector when ``VectorAssembler`` runs with
@@ -334,7 +335,7 @@ class UnivariateSelectorModel(SelectorModel):
             self._set(pValues=json.dumps([_finite_or_none(p) for p in p_values]))
 
 
-class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, DefaultParamsWritable):
+class UnivariateSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, ParamsWritable):
     """Univariate statistical tests against the label, then a selection rule.
 
     ``featureType``/``labelType`` pick the test as MLlib does: categorical/categorical ->
@@ -482,7 +483,7 @@ class CorrelationSelectorModel(SelectorModel):
     """Fitted :class:`CorrelationSelector`; ``featureScores`` are |r| with the label."""
 
 
-class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, DefaultParamsWritable):
+class CorrelationSelector(_SelectorBase, HasLabelCol, DefaultParamsReadable, ParamsWritable):
     """Drop redundant features: of each pair with |Pearson r| > ``maxCorrelation``, keep the
     one with the larger |r| to the label. Pairs are visited from the most correlated down,
     and a feature already dropped no longer removes others.
@@ -583,7 +584,7 @@ class ModelImportanceSelectorModel(SelectorModel):
     """Fitted :class:`ModelImportanceSelector`; ``featureScores`` are the importances."""
 
 
-class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParamsReadable, DefaultParamsWritable):
+class ModelImportanceSelector(_SelectorBase, HasLabelCol, HasSeed, DefaultParamsReadable, ParamsWritable):
     """Keep the ``numTopFeatures`` most important features of a fitted model.
 
     ``method``: 'randomForest' or 'gbt' (impurity importance), or 'l1' (|weights| of an

@@ -29,7 +29,7 @@ import pyarrow as pa
 from pyspark.ml import Model
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReader, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -38,6 +38,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from sparkdeep import tasks
 from sparkdeep.storage import Storage
 
+from .._persist import save_metadata
 from .._vectors import list_matrix, require_new
 from .network import keras_from_bytes, network_output
 from .params import ScoringParams
@@ -282,7 +283,7 @@ class _KerasModelWriter(MLWriter):
     def saveImpl(self, path: str) -> None:
         extra = {"kerasFile": KERAS_FILE, "trainingSummary": self.instance.trainingSummary,
                  "kerasSha256": hashlib.sha256(self.instance.kerasBytes).hexdigest()}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extraMetadata=extra)
+        save_metadata(self.instance, path, self.sparkSession, extra=extra)
         Storage(self.sparkSession).write_checked(f"{path.rstrip('/')}/{KERAS_FILE}", self.instance.kerasBytes)
 
 class _KerasModelReader(MLReader):
