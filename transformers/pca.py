@@ -42,12 +42,12 @@ from pyspark.ml.feature import PCAModel, StandardScalerModel
 from pyspark.ml.linalg import DenseMatrix, DenseVector
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasHandleInvalid, HasInputCol, HasOutputCol
-from pyspark.ml.util import DefaultParamsReader, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsReader, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ._persist import ParamsWriter, save_metadata
+from ._persist import ParamsWritable, save_metadata
 from ._vectors import (BatchMatrices, feature_names, guard_input, numeric_attrs_metadata, require_new,
                        require_one_length, require_vector, vector_size)
 
@@ -92,7 +92,7 @@ class _CenteredPCAParams(HasInputCol, HasOutputCol, HasHandleInvalid):
         return self._set(handleInvalid=value)
 
 
-class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
+class CenteredPCA(Estimator, _CenteredPCAParams, DefaultParamsReadable, ParamsWritable):
     """Principal components of centred (optionally standardised) vectors.
 
     Examples
@@ -108,13 +108,6 @@ class CenteredPCA(Estimator, _CenteredPCAParams, MLReadable, MLWritable):
                  powerIterations: int = 4, oversampling: int = 10, seed: int = 0):
         super().__init__()
         self._set(**self._input_kwargs)
-
-    def write(self) -> MLWriter:
-        return ParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return DefaultParamsReader(cls)
 
     def _fit(self, dataset: DataFrame) -> "CenteredPCAModel":
         col = self.getInputCol()
