@@ -10,7 +10,8 @@ repartitioned ``data``, or a barrier RDD when there is none). Each task:
    ``join`` round trip to the driver's channel (nothing is read twice; no Spark barrier
    call, each of which polls once a second); task 0's join carries the host plan, which
    the rendezvous holds before any task gets its answer;
-3. starts the rank as a child process (``python -m sparkdeep._rank_process``) with
+3. starts the rank as a child process (:func:`sparkdeep._rank_process.start`: a fork of the
+   task's worker once it has imported ``preload``, or ``python -m sparkdeep._rank_process``) with
    ``SPARKDEEP_RANK``/``SPARKDEEP_SIZE`` (rank = partition id), the variables of its
    ``backend``, the Spark-assigned GPUs, and the shipped code on its path; the child dies
    with the task (``PR_SET_PDEATHSIG``), so a killed task leaves no rank;
@@ -51,6 +52,7 @@ import time
 import uuid
 from typing import Callable, Sequence
 
+from sparkdeep import _rank_process
 from sparkdeep.backends import (BACKENDS, TIMEOUT_ENV, _free_ports, backend_env, collective_timeout, host_plan,
                                 rendezvous_for)
 from sparkdeep.channel import (_BEAT_ENV, DEVICES_ENV, LAUNCH_TIMES_ENV, RANK_DATA_ENV, RANK_ENV, SIZE_ENV, _Channel,
@@ -104,16 +106,6 @@ def read_shard_counts(folder: str) -> list:
         return json.load(fh)["counts"]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the task's Python worker dies (Linux)."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the task kill still ends the stage
-        pass
-
-
 def _sweep(root: str | None) -> None:
     """Remove rank folders whose task's Python worker is gone (killed with its stage, so its
     own clean-up never ran): each folder names its owner's pid in ``owner.pid``."""
@@ -133,7 +125,6 @@ def _sweep(root: str | None) -> None:
 def _rank_task(batches, conf: dict, payload: bytes):
     """One barrier task: spill the partition, agree on the plan, run the rank as a child."""
     import shutil
-    import subprocess
     import tempfile
     from collections import deque
 
@@ -199,8 +190,7 @@ def _rank_task(batches, conf: dict, payload: bytes):
             env["CUDA_VISIBLE_DEVICES"] = env[DEVICES_ENV] = ",".join(gpus.addresses)
         with open(os.path.join(work, "call.pkl"), "wb") as fh:
             fh.write(payload)
-        child = subprocess.Popen([sys.executable, "-m", "sparkdeep._rank_process", work], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        child = _rank_process.start(work, env, conf.get("preload", ()))
         tail: deque = deque(maxlen=40)
 
         def pump_out():
@@ -243,7 +233,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
                  env: dict | None = None, stdout=None,
                  on_put: Callable[[int, str, bytes], None] | None = None,
                  on_get: Callable[[int, str], bytes] | None = None, backend: str = "horovod",
-                 shuffle_seed: int | None = None) -> list:
+                 shuffle_seed: int | None = None, preload: Sequence[str] = ()) -> list:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks; return results by rank.
 
     ``data`` (a DataFrame), when given, is repartitioned into ``num_proc`` partitions and
@@ -264,6 +254,8 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     in a seeded random order, so a rank's shard is spilled shuffled: rows that arrive in
     runs (a table sorted by a column, copies of a repeated row, which the repartition's
     local sort puts side by side) do not stay in runs a streamed window cannot mix.
+    ``preload``: modules every rank imports (``("tensorflow",)``); a task's Python worker
+    imports them once and is forked into each rank it starts, which then need not.
 
     Raises
     ------
@@ -300,7 +292,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     forwarded.update(env or {})
     conf = {"channel": f"{channel.address}:{channel.token}:{interval:g}", "rendezvous": (host, port),
             "env": forwarded, "spill": spill, "backend": backend,
-            "collective_timeout": collective_timeout(stall_timeout)}
+            "collective_timeout": collective_timeout(stall_timeout), "preload": tuple(preload)}
     shipped = sc.broadcast(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
     tag = f"sparkdeep-ranks-{uuid.uuid4().hex[:12]}"
     stall: dict = {}

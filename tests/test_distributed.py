@@ -250,3 +250,55 @@ def test_a_ranks_error_reaches_the_driver_as_one_line_and_its_traceback_beside_i
         assert str(err.value) == f"Training rank 1 failed: {line}"
     finally:
         channel.close()
+
+
+def describe_rank():
+    import os
+
+    import numpy as np
+    with open("/proc/self/comm") as fh:
+        name = fh.read().strip()
+    return {"name": name, "rank": os.environ["SPARKDEEP_RANK"], "json": "json" in sys.modules,
+            "parent": os.getppid(), "pid": os.getpid(), "draw": int(np.random.randint(1 << 30)),
+            "forwarded": os.environ.get("SPARKDEEP_TEST_MARK")}
+
+
+@pytest.mark.slow
+def test_a_rank_is_forked_from_its_warm_worker_or_started_anew_when_told(spark, monkeypatch):
+    """A rank forked from its task's worker starts with the worker's imports and its own
+    environment and seed; ``SPARKDEEP_RANK_START=exec`` (from the driver) starts a new one."""
+    monkeypatch.setenv("SPARKDEEP_TEST_MARK", "seen")
+    forked = run_on_ranks(describe_rank, num_proc=2, preload=("json",))
+    assert [r["name"] for r in forked] == ["sparkdeep-rank"] * 2
+    assert [r["rank"] for r in forked] == ["0", "1"] and all(r["json"] for r in forked)
+    assert [r["forwarded"] for r in forked] == ["seen"] * 2
+    assert forked[0]["draw"] != forked[1]["draw"]  # numpy reseeded, not the worker's stream twice
+    monkeypatch.setenv("SPARKDEEP_RANK_START", "exec")
+    started = run_on_ranks(describe_rank, num_proc=2, preload=("json",))
+    assert [r["name"] for r in started] == ["python"] * 2
+    assert [r["forwarded"] for r in started] == ["seen"] * 2
+
+
+_MAY_FORK = """
+import threading, time
+from sparkdeep._rank_process import _may_fork
+print("clean", _may_fork(("tensorflow",), {}))
+print("told", _may_fork(("tensorflow",), {"SPARKDEEP_RANK_START": "exec"}))
+t = threading.Thread(target=time.sleep, args=(3,)); t.start()
+print("thread", _may_fork(("tensorflow",), {}))
+t.join()
+print("missing", _may_fork(("no_such_module_here",), {}))
+import tensorflow as tf
+tf.constant(1.0) + 1.0
+print("runtime", _may_fork(("tensorflow",), {}))
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_is_not_forked_with_a_thread_or_tensorflow_s_runtime_running(repo_root):
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", _MAY_FORK], capture_output=True, text=True, timeout=120,
+                          cwd=repo_root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = dict(line.split() for line in done.stdout.splitlines())
+    assert said == {"clean": "True", "told": "False", "thread": "False", "runtime": "False", "missing": "False"}

@@ -265,7 +265,7 @@ class DistributedKerasEstimator(Estimator, ScoringParams, NetworkParams, RunPara
             results = run_on_ranks(rank_loop.train_rank, (launched,), num_proc=self.getNumProc(), data=staged,
                                    spill=spill, stall_timeout=self.getOrDefault(self.stallTimeout), on_put=store,
                                    on_get=tables, backend=strategies.backend_for(spec.strategy),
-                                   shuffle_seed=spec.seed)
+                                   shuffle_seed=spec.seed, preload=("tensorflow",))
         finally:
             if store is not None:
                 store.close()
