@@ -5,9 +5,6 @@ regression from Delta. One run per task (shared by the tests), Horovod ranks inc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +16,7 @@ from sparkdeep.jobs._common import run_step
 from sparkdeep.paths import Paths
 
 from .test_datasets import REPO, config, table, write_spec
+from tests import _other_process
 
 pytestmark = pytest.mark.slow
 
@@ -147,9 +145,7 @@ def test_a_fresh_process_loads_each_saved_pipeline_and_predicts_identically(spar
         "    m = model_store.load_pipeline(spark, j['model'])\n"
         "    rows = m.transform(delta_io.read(spark, j['holdout'])).select(j['key'], 'prediction').collect()\n"
         "    json.dump({str(r[0]): r[1] for r in rows}, open(j['out'], 'w'))\n")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO, env=env)
+    proc = _other_process.run(code, json.dumps(jobs), timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for task, j in jobs.items():
         fresh = json.load(open(j["out"]))

@@ -9,10 +9,7 @@ ingest's and prepare's plans must not deepen with the column count.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,6 +19,7 @@ from sparkdeep.jobs._common import run_step
 from sparkdeep.paths import Paths
 
 from .test_datasets import REPO, config, write_spec
+from tests import _other_process
 
 ROWS, NUMERIC, CATEGORICAL = 320, 700, 300
 
@@ -215,7 +213,7 @@ from pyspark.ml.functions import vector_to_array
 scored.select("row_id", "prediction", vector_to_array("probability")[1].alias("p1")).write.parquet({str(out)!r})
 spark.stop()
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = _other_process.run(code, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rescored = spark.read.parquet(str(out)).toPandas().set_index("row_id")
     preds = delta_io.read(spark, paths.table("predictions")).toPandas()

@@ -1,7 +1,7 @@
-"""Save a fitted stage inside a PipelineModel, load it in a fresh Python process, and
-return what the reloaded pipeline outputs there (as rows) for comparison."""
-import subprocess
-import sys
+"""Save a fitted stage inside a PipelineModel, load it in another Python process (one that
+never fitted it: :mod:`tests._other_process`), and return what the reloaded pipeline
+outputs there (as rows) for comparison."""
+from tests import _other_process
 
 
 def transform_in_new_process(model, df, tmp_path, columns):
@@ -17,7 +17,7 @@ def transform_in_new_process(model, df, tmp_path, columns):
         f"m.transform(spark.read.parquet({data_path!r})).select(*{list(columns)!r})"
         f".write.mode('overwrite').parquet({out_path!r})\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = _other_process.run(code, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     spark = df.sparkSession
     return spark.read.parquet(out_path)

@@ -11,8 +11,6 @@ student's training run on real rank processes (marked slow).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +21,7 @@ from pyspark.ml.functions import vector_to_array
 from sparkdeep.transformers.keras import compress
 from sparkdeep.transformers.keras.model import DistributedKerasModel
 from sparkdeep.transformers.keras.network import keras_from_bytes, keras_to_bytes
+from tests import _other_process
 
 WIDTH = 12
 COLS = [f"x{i}" for i in range(WIDTH)]
@@ -109,7 +108,7 @@ def _fresh_process_scores(paths: dict[str, str], data_path: str, out_path: str) 
         "    out[name] = [r['p'] for r in rows.collect()]\n"
         f"json.dump(out, open({out_path!r}, 'w'))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    done = _other_process.run(code, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(out_path) as fh:
         return {k: np.array(v) for k, v in json.load(fh).items()}

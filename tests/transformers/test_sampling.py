@@ -1,7 +1,5 @@
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,6 +8,7 @@ from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import functions as F
 
 from sparkdeep.transformers.sampling import ClassBalanceSampler, ClassBalanceSamplerModel, SamplingPipeline
+from tests import _other_process
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +131,7 @@ def test_saved_and_loaded_model_passes_every_row_in_new_process(digits, tmp_path
         f"m = PipelineModel.load({path!r}).stages[0]\n"
         "print('ROWS', m.transform(spark.range(100).selectExpr('id', 'id % 2 as label')).count(), m.summary['rows_out'])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    out = _other_process.run(code, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"ROWS 100 {fitted.stages[0].summary['rows_out']}" in out.stdout
 

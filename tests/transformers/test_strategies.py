@@ -24,6 +24,7 @@ from sparkdeep.transformers.keras_estimator import DistributedKerasEstimator
 
 from .test_keras_estimator import cancer  # noqa: F401 - the shared module fixture
 from ._plain import PLAIN
+from tests import _other_process
 
 OTHERS = ("collective", "local_sgd", "parameter_server")
 
@@ -190,9 +191,7 @@ def test_a_model_of_each_strategy_reloads_in_a_new_process_and_scores_identicall
         "    m = DistributedKerasModel.load(j['path'])\n"
         "    rows = m.transform(df).select('id', vector_to_array('probability')[1]).collect()\n"
         "    json.dump({str(r[0]): r[1] for r in rows}, open(j['out'], 'w'))\n")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(jobs), data], capture_output=True, text=True,
-                          timeout=600, cwd=repo_root, env=env)
+    proc = _other_process.run(code, json.dumps(jobs), data, timeout=600, cwd=repo_root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name, j in jobs.items():
         fresh = json.load(open(j["out"]))
