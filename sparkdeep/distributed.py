@@ -126,7 +126,6 @@ def _rank_task(batches, conf: dict, payload: bytes):
     """One barrier task: spill the partition, agree on the plan, run the rank as a child."""
     import shutil
     import tempfile
-    from collections import deque
 
     from pyspark import BarrierTaskContext
     t_task = time.time()
@@ -146,39 +145,8 @@ def _rank_task(batches, conf: dict, payload: bytes):
     try:
         data = os.path.join(work, "data")
         os.makedirs(data)
-        counts: dict = {}
-        t_spilled = t_task  # no data: nothing to spill
-        try:
-            if batches is not None:
-                spill = conf["spill"].open(data)
-                for batch in batches:
-                    spill.write(batch)
-                counts = spill.close()
-            t_spilled = time.time()
-        except BaseException as exc:
-            try:
-                send(setting, "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
-            except OSError:
-                pass  # the stage's own error still names the task
-            raise
-        hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
-        wanted = {"tensorflow": 1, "tensorflow_ps": 2}.get(conf["backend"], 0)  # worker (and ps) servers
-        plan = host_plan(hosts)
-        # Every task's counts and ports; the rendezvous holds the plan once this returns.
-        shared = join(setting, rank, {"counts": counts, "ports": _free_ports(wanted),
-                                      "plan": plan if rank == 0 else None})
-        gathered, ports = [g["counts"] for g in shared], [g["ports"] for g in shared]
-        with open(os.path.join(data, "ranks.json"), "w") as fh:
-            json.dump({"counts": gathered, "hosts": hosts}, fh)
-        # Unusable shards are found here, before any rank starts (no TensorFlow import, no
-        # rendezvous): the rank concerned reports why, the others stop without blaming themselves.
-        check = getattr(conf["spill"], "problem", None) if batches is not None else None
-        problems = [check(gathered, r) for r in range(len(gathered))] if check else []
-        if problems and problems[rank]:
-            send(setting, "fail", rank, problems[rank])
-            raise RuntimeError(f"Training rank {rank} failed: {problems[rank]}")
-        if any(problems):
-            raise RuntimeError(f"rank {rank} not started: {next(p for p in problems if p)}")
+        counts, t_spilled = _spill(batches, conf, data, rank) if batches is not None else ({}, t_task)
+        plan, ports = _agree(ctx, conf, batches is not None, counts, data, rank)
         env = {**os.environ, **conf["env"], **backend_env(conf["backend"], conf, plan, ports, rank),
                RANK_ENV: str(rank), SIZE_ENV: str(len(plan)), TIMEOUT_ENV: f"{conf['collective_timeout']:g}",
                RANK_DATA_ENV: data, _BEAT_ENV: setting, "PYTHONUNBUFFERED": "1",
@@ -191,34 +159,10 @@ def _rank_task(batches, conf: dict, payload: bytes):
         with open(os.path.join(work, "call.pkl"), "wb") as fh:
             fh.write(payload)
         child = _rank_process.start(work, env, conf.get("preload", ()))
-        tail: deque = deque(maxlen=40)
-
-        def pump_out():
-            for raw in child.stdout:
-                lines.send("log", raw.decode("utf-8", "replace").rstrip("\n"))
-
-        def pump_err():
-            for raw in child.stderr:
-                line = raw.decode("utf-8", "replace")
-                tail.append(line.rstrip("\n"))
-                sys.stderr.write(line)
-        pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
-        for t in pumps:
-            t.start()
-        code = child.wait()
-        for t in pumps:
-            t.join(timeout=10)
+        code, tail = _relay(child, lines)
         lines.send("done", "")
         if code != 0:
-            failure = os.path.join(work, "failure.txt")
-            if os.path.isfile(failure):
-                with open(failure) as fh:
-                    message = fh.read().strip()
-            else:
-                message = (f"process exited (code {code}) without a Python exception (killed, out of memory, or "
-                           f"os._exit); its last output: {' | '.join(list(tail)[-5:])}")
-                send(setting, "fail", rank, message)
-            raise RuntimeError(f"Training rank {rank} failed: {message}")
+            raise RuntimeError(f"Training rank {rank} failed: {_exit_message(work, code, tail, setting, rank)}")
         send_result(setting, rank, os.path.join(work, "result.pkl"))
         return rank, b""  # the result itself went through the channel
     finally:
@@ -226,6 +170,84 @@ def _rank_task(batches, conf: dict, payload: bytes):
         if child is not None and child.poll() is None:
             child.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _spill(batches, conf: dict, data: str, rank: int) -> tuple[dict, float]:
+    """Write the task's partition into ``data`` with the run's spill; (its counts, when done).
+    A failure is told to the driver first, so the run names this rank."""
+    try:
+        spill = conf["spill"].open(data)
+        for batch in batches:
+            spill.write(batch)
+        return spill.close(), time.time()
+    except BaseException as exc:
+        try:
+            send(conf["channel"], "fail", rank, f"spilling its partition: {type(exc).__name__}: {exc}")
+        except OSError:
+            pass  # the stage's own error still names the task
+        raise
+
+
+def _agree(ctx, conf: dict, has_data: bool, counts: dict, data: str, rank: int) -> tuple[list, list]:
+    """Every task's counts and ports through one join on the driver's channel (task 0's
+    carries the host plan, which the rendezvous holds once this returns); the counts go to
+    ``data/ranks.json``. (the plan, every task's ports). Unusable shards are found here,
+    before any rank starts (no TensorFlow import, no rendezvous): the rank concerned reports
+    why, the others stop without blaming themselves."""
+    setting = conf["channel"]
+    hosts = [t.address.rsplit(":", 1)[0] for t in ctx.getTaskInfos()]
+    wanted = {"tensorflow": 1, "tensorflow_ps": 2}.get(conf["backend"], 0)  # worker (and ps) servers
+    plan = host_plan(hosts)
+    shared = join(setting, rank, {"counts": counts, "ports": _free_ports(wanted),
+                                  "plan": plan if rank == 0 else None})
+    gathered, ports = [g["counts"] for g in shared], [g["ports"] for g in shared]
+    with open(os.path.join(data, "ranks.json"), "w") as fh:
+        json.dump({"counts": gathered, "hosts": hosts}, fh)
+    check = getattr(conf["spill"], "problem", None) if has_data else None
+    problems = [check(gathered, r) for r in range(len(gathered))] if check else []
+    if problems and problems[rank]:
+        send(setting, "fail", rank, problems[rank])
+        raise RuntimeError(f"Training rank {rank} failed: {problems[rank]}")
+    if any(problems):
+        raise RuntimeError(f"rank {rank} not started: {next(p for p in problems if p)}")
+    return plan, ports
+
+
+def _relay(child, lines: _Lines) -> tuple[int, list]:
+    """The rank's standard output to the driver line by line and its standard error to the
+    task's, until it exits; (its exit code, its last lines of standard error)."""
+    from collections import deque
+    tail: deque = deque(maxlen=40)
+
+    def pump_out():
+        for raw in child.stdout:
+            lines.send("log", raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def pump_err():
+        for raw in child.stderr:
+            line = raw.decode("utf-8", "replace")
+            tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+    pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for t in pumps:
+        t.start()
+    code = child.wait()
+    for t in pumps:
+        t.join(timeout=10)
+    return code, list(tail)
+
+
+def _exit_message(work: str, code: int, tail: list, setting: str, rank: int) -> str:
+    """Why a rank exited ``code``: its own ``failure.txt`` (already sent to the driver), or
+    the exit code and its last output, which is sent here."""
+    failure = os.path.join(work, "failure.txt")
+    if os.path.isfile(failure):
+        with open(failure) as fh:
+            return fh.read().strip()
+    message = (f"process exited (code {code}) without a Python exception (killed, out of memory, or "
+               f"os._exit); its last output: {' | '.join(tail[-5:])}")
+    send(setting, "fail", rank, message)
+    return message
 
 
 def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
@@ -265,7 +287,6 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         a raising rank's own traceback in ``details``.
     """
     import cloudpickle
-    import pyarrow as pa
     from pyspark import SparkContext
 
     if backend not in BACKENDS:
@@ -311,24 +332,8 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     sc.addJobTag(tag)
     sc.setInterruptOnCancel(True)
     try:
-        if data is None:
-            def run_task(_):
-                yield _rank_task(None, conf, shipped.value)
-            rows = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(run_task).collect()
-        else:
-            schema = pa.schema([("rank", pa.int32()), ("result", pa.binary())])
-
-            def run_arrow(batches):
-                rank, result = _rank_task(batches, conf, shipped.value)
-                yield pa.RecordBatch.from_arrays([pa.array([rank], pa.int32()), pa.array([result], pa.binary())],
-                                                 schema=schema)
-            parts = data.repartition(num_proc)
-            if shuffle_seed is not None:
-                from pyspark.sql import functions as F
-                parts = parts.sortWithinPartitions(F.rand(int(shuffle_seed)))
-            rows = [(r["rank"], r["result"]) for r in
-                    parts.mapInArrow(run_arrow, "rank int, result binary", barrier=True).collect()]
-        return [_result_of(channel, rank) for rank in sorted(r[0] for r in rows)]
+        ranks = _barrier_stage(sc, conf, shipped, num_proc, data, shuffle_seed)
+        return [_result_of(channel, rank) for rank in sorted(ranks)]
     except Exception as exc:
         if "found" in stall:
             rank, silent_s, pid = stall["found"]
@@ -346,6 +351,27 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         if rendezvous is not None:
             rendezvous.stop()
         shipped.destroy()
+
+
+def _barrier_stage(sc, conf: dict, shipped, num_proc: int, data, shuffle_seed: int | None) -> list[int]:
+    """The ranks' barrier stage, one task per rank (over ``data`` repartitioned ``num_proc``
+    ways, or over nothing); the ranks whose tasks finished."""
+    if data is None:
+        def run_task(_):
+            yield _rank_task(None, conf, shipped.value)
+        return [r[0] for r in sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(run_task).collect()]
+    import pyarrow as pa
+    schema = pa.schema([("rank", pa.int32()), ("result", pa.binary())])
+
+    def run_arrow(batches):
+        rank, result = _rank_task(batches, conf, shipped.value)
+        yield pa.RecordBatch.from_arrays([pa.array([rank], pa.int32()), pa.array([result], pa.binary())],
+                                         schema=schema)
+    parts = data.repartition(num_proc)
+    if shuffle_seed is not None:
+        from pyspark.sql import functions as F
+        parts = parts.sortWithinPartitions(F.rand(int(shuffle_seed)))
+    return [r["rank"] for r in parts.mapInArrow(run_arrow, "rank int, result binary", barrier=True).collect()]
 
 
 def _result_of(channel: _Channel, rank: int):

@@ -6,7 +6,9 @@ Each :func:`run` executes a piece of code there as ``python -c CODE ARGS...`` wo
 and returns a :class:`subprocess.CompletedProcess` with what it printed. The process keeps
 its interpreter, its imports and its Spark session's JVM between calls: a cold JVM and
 TensorFlow's import cost 20-35 s of CPU per new process, paid here once per worker. It
-has never fitted or saved what the tests hand it, which is what these tests need; a test
+has never fitted or saved what the tests hand it, which is what these tests need. Its
+session has the test session's settings (``tests/_session.py``) whatever the code asks of
+``builder``, and a test's changes to its runtime settings are undone after it. A test
 that needs a new interpreter (its environment at start, what a fresh process imports, a
 process exit) starts its own with :mod:`subprocess`.
 """
@@ -83,11 +85,47 @@ def run(code: str, *args: str, cwd: str | None = None, timeout: float = 600) -> 
                                        done["stderr"])
 
 
+def _session():
+    """The other process's Spark session: the test session's settings (local[2], its
+    partitions and Arrow batches), so that a row is scored in the same batch on both sides;
+    a test's own ``builder(...).getOrCreate()`` gets this one."""
+    import tempfile
+
+    from pyspark.sql import SparkSession
+
+    from sparkdeep.session import builder
+    from tests._session import session_config
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    conf = session_config(tempfile.mkdtemp(prefix="sparkdeep-other-process-"), app_name="other-process")
+    conf.settings["spark.driver.memory"] = "2g"
+    session = builder(conf).getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _restore(spark, settings: dict) -> None:
+    """The session's runtime settings as they were before a test's code changed them."""
+    now = dict(spark.conf.getAll)
+    for key, value in now.items():
+        if settings.get(key) != value:
+            try:
+                if key in settings:
+                    spark.conf.set(key, settings[key])
+                else:
+                    spark.conf.unset(key)
+            except Exception:  # noqa: BLE001 - a static setting: the same for every test anyway
+                pass
+
+
 def _serve() -> None:
     """The other process: one JSON request per line in, one answer per line out."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed outside a request (the JVM's, a library's) stays off the answers
     home = os.getcwd()
+    spark = _session()
+    settings = dict(spark.conf.getAll)
     for line in sys.stdin:
         request = json.loads(line)
         out, err, code = io.StringIO(), io.StringIO(), 0
@@ -106,6 +144,12 @@ def _serve() -> None:
                     code = 1
         finally:
             os.chdir(home)
+            from pyspark import SparkContext
+            if SparkContext._active_spark_context is None:  # the test's code stopped it
+                spark = _session()
+                settings = dict(spark.conf.getAll)
+            else:
+                _restore(spark, settings)
         answers.write(json.dumps({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}) + "\n")
         answers.flush()
 

@@ -15,10 +15,8 @@ install_default()
 
 
 def _ci_spark_settings() -> dict:
-    import yaml
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "ci", "spark.yaml")
-    with open(path) as fh:
-        return dict(yaml.safe_load(fh)["spark"]["settings"])
+    from tests._session import ci_spark_settings
+    return ci_spark_settings()
 
 
 def ci_java_options() -> str:
@@ -30,29 +28,10 @@ def ci_java_options() -> str:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from sparkdeep.config import SparkConfig
     from sparkdeep.session import builder
+    from tests._session import session_config
 
-    base = tmp_path_factory.mktemp("spark")
-    conf = SparkConfig(master="local[2]", app_name="sparkdeep-tests", settings={
-        # One JVM serves the whole run; 1g (the default) ran out of heap late in a full run.
-        "spark.driver.memory": "4g",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.default.parallelism": "2",
-        "spark.task.maxFailures": "1",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.databricks.delta.snapshotPartitions": "2",
-        "spark.sql.warehouse.dir": str(base / "warehouse"),
-        "spark.local.dir": str(base / "local"),
-        # conf/ci's own settings for small tables (no code compiled per query stage), from their
-        # one home; but not its JIT option: this JVM lives the whole run, and C2's code pays
-        # for itself here (with C1 only the modules fitting pipelines in this session took
-        # 30-45% longer in a full run; bench/RESULTS.md).
-        **{k: v for k, v in _ci_spark_settings().items() if not k.endswith("extraJavaOptions")},
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",
-    })
+    conf = session_config(str(tmp_path_factory.mktemp("spark")))
     session = builder(conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
