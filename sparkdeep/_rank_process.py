@@ -88,13 +88,18 @@ def main(work: str) -> int:
     return 0
 
 
-def die_with_parent() -> None:
-    """In a new child: SIGKILL when the process that started it dies (Linux)."""
+def _prctl(option: int, value) -> None:
+    """Linux's ``prctl``; nothing elsewhere (the task kill still ends the stage there)."""
     try:
         import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    except Exception:  # noqa: BLE001 - not Linux: the task kill still ends the stage
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except Exception:  # noqa: BLE001 - not Linux
         pass
+
+
+def die_with_parent() -> None:
+    """In a new child: SIGKILL when the process that started it dies (Linux)."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def start(work: str, env: dict, preload: Sequence[str] = ()):
@@ -188,11 +193,7 @@ def _become_rank(work: str, env: dict, parent: int, out_w: int, err_w: int) -> N
         die_with_parent()
         if os.getppid() != parent:
             os._exit(1)  # the task died between the fork and the line above
-        try:
-            import ctypes
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_NAME, b"sparkdeep-rank")
-        except Exception:  # noqa: BLE001 - only the name ps shows
-            pass
+        _prctl(_PR_SET_NAME, b"sparkdeep-rank")  # the name ps shows
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_w, 1)

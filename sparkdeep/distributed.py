@@ -289,14 +289,7 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     import cloudpickle
     from pyspark import SparkContext
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    if stall_timeout < 0:
-        raise ValueError(f"stall_timeout must be >= 0 seconds, got {stall_timeout}")
-    if num_proc < 1:
-        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
-    if data is not None and spill is None:
-        raise ValueError("run_on_ranks: data needs a spill (how a task writes its partition)")
+    _check_launch(backend, stall_timeout, num_proc, data, spill)
     sc = SparkContext._active_spark_context
     if sc is None:
         raise RuntimeError("run_on_ranks needs an active SparkContext")
@@ -306,13 +299,8 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
     channel = _Channel(host, on_plan, out, on_put, size=num_proc, on_get=on_get)
     port = rendezvous.start() if rendezvous is not None else 0
     interval = min(10.0, stall_timeout / 4) if stall_timeout else 10.0
-    # Ranks start from the executor's environment; forward the driver's settings that
-    # steer training (ours, Horovod's, TensorFlow's, NCCL's), plus any ``env`` given.
-    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)
-                 and k not in (_BEAT_ENV, RANK_DATA_ENV, DEVICES_ENV)}
-    forwarded.update(env or {})
     conf = {"channel": f"{channel.address}:{channel.token}:{interval:g}", "rendezvous": (host, port),
-            "env": forwarded, "spill": spill, "backend": backend,
+            "env": _forwarded(env), "spill": spill, "backend": backend,
             "collective_timeout": collective_timeout(stall_timeout), "preload": tuple(preload)}
     shipped = sc.broadcast(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
     tag = f"sparkdeep-ranks-{uuid.uuid4().hex[:12]}"
@@ -351,6 +339,28 @@ def run_on_ranks(fn: Callable, args: Sequence = (), kwargs: dict | None = None, 
         if rendezvous is not None:
             rendezvous.stop()
         shipped.destroy()
+
+
+def _check_launch(backend: str, stall_timeout: float, num_proc: int, data, spill) -> None:
+    """:func:`run_on_ranks`'s arguments, checked on the driver before anything starts."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if stall_timeout < 0:
+        raise ValueError(f"stall_timeout must be >= 0 seconds, got {stall_timeout}")
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+    if data is not None and spill is None:
+        raise ValueError("run_on_ranks: data needs a spill (how a task writes its partition)")
+
+
+def _forwarded(env: dict | None) -> dict:
+    """What the ranks get of the driver's environment: ranks start from the executor's, so
+    the settings that steer training (ours, Horovod's, TensorFlow's, NCCL's) are forwarded,
+    plus any ``env`` given."""
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARD_PREFIXES)
+                 and k not in (_BEAT_ENV, RANK_DATA_ENV, DEVICES_ENV)}
+    forwarded.update(env or {})
+    return forwarded
 
 
 def _barrier_stage(sc, conf: dict, shipped, num_proc: int, data, shuffle_seed: int | None) -> list[int]:

@@ -24,14 +24,10 @@ import sys
 import threading
 import traceback
 
+from sparkdeep._rank_process import die_with_parent
+
 _server: subprocess.Popen | None = None
 _lock = threading.Lock()
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 def _log() -> str:
@@ -46,7 +42,7 @@ def _start() -> subprocess.Popen:
     with open(_log(), "w") as log:  # its JVM's and libraries' own output
         return subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=repo,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
 
 def stop() -> None:
